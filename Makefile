@@ -1,0 +1,33 @@
+# The two commands: `make demo` (the main job) and `make test` (the whole suite).
+# Both create or refresh .venv first; a stamp file keeps that step quick when
+# nothing changed.
+
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo venv lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check attnlab tests benchmarks
+	$(BIN)/python -m pytest
+
+demo: $(STAMP)
+	$(BIN)/attnlab info --preset base
+
+lint: $(STAMP)
+	$(BIN)/ruff check attnlab tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,145 @@
+"""One configuration for every model family (encoder–decoder, GPT, BERT, Llama-style).
+
+A family is a choice of the same few knobs: where position enters, which norm and where,
+which nonlinearity, biases or not. Presets name the published choices; any field can be
+overridden: ``ModelConfig.from_preset("base", dropout=0.0)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHOICES = {
+    "arch": ("encoder-decoder", "decoder", "encoder"),
+    "positional": ("sinusoidal", "learned", "rope", "alibi", "none"),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_placement": ("post", "pre"),
+    "activation": ("relu", "gelu", "gelu_tanh", "swiglu"),
+}
+
+
+@dataclass
+class ModelConfig:
+    """Architecture hyper-parameters. Defaults are the paper's base model (Table 3)."""
+
+    arch: str = "encoder-decoder"
+    vocab_size: int = 37000  # shared source/target BPE vocabulary (paper, section 5.1)
+    tgt_vocab_size: int | None = None  # None: the target shares vocab_size
+    d_model: int = 512
+    n_heads: int = 8
+    num_kv_heads: int | None = None  # None: = n_heads (no grouped-query attention)
+    d_ff: int = 2048
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    dropout: float = 0.1  # on each sublayer output and on embeddings + positions
+    attention_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # inside the feed-forward, after the nonlinearity
+    max_len: int = 1024  # longest sequence the positional encoding covers
+    positional: str = "sinusoidal"
+    rope_base: float = 10000.0
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_placement: str = "post"
+    final_norm: bool | None = None  # None: a final norm exactly when norm_placement == "pre"
+    activation: str = "relu"
+    bias: bool = True
+    fused_qkv: bool = False
+    scale_embeddings: bool = True  # × √d_model (paper, section 3.4)
+    tie_embeddings: bool = True  # source = target embedding = output projection (section 3.4)
+    pad_id: int = 0
+    unk_id: int = 1
+    bos_id: int = 2
+    eos_id: int = 3
+    extra: dict[str, Any] = field(default_factory=dict)  # family-specific, kept for round-trips
+
+    def __post_init__(self) -> None:
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"config field {name}={value!r}: expected one of {allowed}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"config: d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"config: n_heads={self.n_heads} is not divisible by num_kv_heads={self.kv_heads}"
+            )
+
+    @property
+    def d_k(self) -> int:
+        """Per-head width d_k = d_v = d_model / h."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.norm_placement == "pre"
+
+    @property
+    def use_final_norm(self) -> bool:
+        return self.pre_norm if self.final_norm is None else self.final_norm
+
+    # --- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> ModelConfig:
+        """From a JSON string or a path to a JSON file."""
+        path = Path(source) if not str(source).lstrip().startswith("{") else None
+        try:
+            data = json.loads(path.read_text() if path is not None else str(source))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            where = f"{path}:{e.lineno}" if path is not None else f"line {e.lineno}"
+            raise ValueError(f"{where}: invalid JSON in config ({e.msg})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+        return cls.from_dict({**PRESETS[name], **overrides})
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The paper, Table 3: 6 + 6 layers, post-LN, ReLU, sinusoidal, shared tied embeddings.
+    "base": {},
+    "big": dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3),
+    # Sized for a 2-core CPU: minutes, not days.
+    "small": dict(
+        vocab_size=8000, d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3,
+        n_decoder_layers=3, max_len=512,
+    ),
+    "tiny": dict(
+        vocab_size=1000, d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2,
+        n_decoder_layers=2, max_len=256,
+    ),
+}

@@ -1,0 +1,144 @@
+"""The encoder–decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+    memory = Encoder(Dropout(Emb(src)·√d + PE))                    (batch, src_len, d_model)
+    hidden = Decoder(Dropout(Emb(tgt)·√d + PE), memory)            (batch, tgt_len, d_model)
+    logits = hidden · Eᵀ                                            (batch, tgt_len, vocab)
+
+With ``tie_embeddings`` one matrix E serves as source embedding, target embedding and output
+projection (section 3.4). Source padding is derived from ``config.pad_id``. Target padding
+needs no mask: pads trail the real tokens, so causal masking already hides them from every real
+position, and their own outputs are dropped by the loss.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import Tensor, nn
+
+from attnlab.config import ModelConfig
+from attnlab.nn import (
+    Decoder,
+    DecoderCache,
+    Encoder,
+    TokenEmbedding,
+    build_positional,
+    padding_mask,
+    positions_from,
+)
+
+
+class Transformer(nn.Module):
+    """Encoder–decoder Transformer built from :mod:`attnlab.nn` blocks by a ModelConfig."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.arch != "encoder-decoder":
+            raise ValueError(f"Transformer needs arch='encoder-decoder', got {config.arch!r}")
+        self.config = config
+        d = config.d_model
+        self.src_embed = TokenEmbedding(config.vocab_size, d, config.scale_embeddings)
+        shared = config.tie_embeddings and config.tgt_vocab_size is None
+        self.tgt_embed = (
+            self.src_embed if shared
+            else TokenEmbedding(config.target_vocab_size, d, config.scale_embeddings)
+        )
+        self.positional = build_positional(
+            config.positional, d, config.n_heads, config.max_len, config.rope_base
+        )
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.lm_head = nn.Linear(d, config.target_vocab_size, bias=False)
+        self._init_weights()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tgt_embed.weight
+
+    def _init_weights(self) -> None:
+        """Xavier-uniform for projection matrices (as the Annotated Transformer does); zero
+        biases; embeddings N(0, d^-1/2) so that, scaled by √d, they have unit variance."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    # --- the three entry points ----------------------------------------------------------
+    def _embed(self, embedding: TokenEmbedding, ids: Tensor, offset: int = 0):
+        positions = positions_from(offset, ids.shape[1], ids.device)
+        x = self.positional.embed(embedding(ids), positions)
+        return self.embed_dropout(x), positions
+
+    def encode(self, src_ids: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor]:
+        """``src_ids (batch, src_len)`` -> ``memory (batch, src_len, d)``, ``src_mask``.
+
+        ``src_mask (batch, 1, 1, src_len)`` is True at real (non-pad) source tokens.
+        """
+        self._check_length(src_ids, "source")
+        src_mask = padding_mask(src_ids, self.config.pad_id)
+        x, positions = self._embed(self.src_embed, src_ids)
+        memory = self.encoder(x, src_mask, positional=self.positional, positions=positions,
+                              need_weights=need_weights)
+        return memory, src_mask
+
+    def decode(
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """``tgt_ids (batch, tgt_len)`` -> ``logits (batch, tgt_len, tgt_vocab)``.
+
+        With a ``cache`` (from :meth:`new_cache`) pass only the new target tokens; positions
+        continue after the ``cache.length`` tokens already decoded.
+        """
+        offset = 0 if cache is None else cache.length
+        self._check_length(tgt_ids, "target", offset)
+        y, positions = self._embed(self.tgt_embed, tgt_ids, offset)
+        hidden = self.decoder(y, memory, memory_mask=src_mask, is_causal=True,
+                              positional=self.positional, positions=positions, cache=cache,
+                              need_weights=need_weights)
+        return self.lm_head(hidden)
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, need_weights: bool = False) -> Tensor:
+        """Teacher forcing: ``src_ids (batch, src_len)``, ``tgt_ids (batch, tgt_len)`` ->
+        ``logits (batch, tgt_len, tgt_vocab)``; logits[:, t] predict tgt_ids[:, t + 1]."""
+        memory, src_mask = self.encode(src_ids, need_weights)
+        return self.decode(tgt_ids, memory, src_mask, need_weights=need_weights)
+
+    def new_cache(self, capacity: int = 256) -> DecoderCache:
+        """An empty KV cache for incremental decoding with :meth:`decode`."""
+        return DecoderCache(len(self.decoder.layers), capacity)
+
+    def _check_length(self, ids: Tensor, what: str, offset: int = 0) -> None:
+        limit = self.config.max_len
+        if self.config.positional in ("sinusoidal", "learned", "rope") and (
+            offset + ids.shape[1] > limit
+        ):
+            raise ValueError(
+                f"{what} sequence of length {offset + ids.shape[1]} exceeds the model's "
+                f"maximum length max_len={limit}"
+            )
+
+    # --- inspection ----------------------------------------------------------------------
+    def components(self) -> OrderedDict[str, list[nn.Module]]:
+        """Named groups of modules for :func:`attnlab.parameter_breakdown`."""
+        embeddings: list[nn.Module] = [self.src_embed, self.positional]
+        if self.tgt_embed is not self.src_embed:
+            embeddings.append(self.tgt_embed)
+        if self.lm_head.weight is not self.tgt_embed.weight:
+            embeddings.append(self.lm_head)
+        return OrderedDict(
+            [
+                ("embeddings", embeddings),
+                ("encoder layer (one)", [self.encoder.layers[0]]),
+                ("encoder stack", [self.encoder]),
+                ("decoder layer (one)", [self.decoder.layers[0]]),
+                ("decoder stack", [self.decoder]),
+            ]
+        )
+
+
+__all__ = ["Transformer"]

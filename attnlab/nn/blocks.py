@@ -1,0 +1,205 @@
+"""Transformer layers and stacks, composed from attention, feed-forward and norms.
+
+Encoder layer (paper Fig. 1, left), two residual sublayers:
+
+    x ← Sublayer(x, SelfAttention)        (bidirectional; causal for GPT-style decoders)
+    x ← Sublayer(x, FeedForward)
+
+Decoder layer (Fig. 1, right), three:
+
+    y ← Sublayer(y, MaskedSelfAttention)  (position i sees positions ≤ i)
+    y ← Sublayer(y, CrossAttention(·, memory))  (queries from y, keys/values from the encoder)
+    y ← Sublayer(y, FeedForward)
+
+where Sublayer is post-LN ``Norm(x + Dropout(F(x)))`` or pre-LN ``x + Dropout(F(Norm(x)))``
+(:class:`attnlab.nn.norms.Residual`). Shapes stay ``(batch, seq, d_model)`` throughout.
+
+A GPT block is an encoder layer run with a causal mask, so decoder-only models reuse
+:class:`EncoderLayer`; BERT uses it as is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor, nn
+
+from attnlab.nn.cache import DecoderCache, KVCache, LayerCache
+from attnlab.nn.feedforward import FeedForward
+from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.norms import Residual, build_norm
+from attnlab.nn.positional import PositionalEncoding
+
+if TYPE_CHECKING:
+    from attnlab.config import ModelConfig
+
+
+def _attention(config: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        config.d_model, config.n_heads, config.num_kv_heads, bias=config.bias,
+        fused_qkv=config.fused_qkv, dropout=config.attention_dropout,
+    )
+
+
+def _residual(config: ModelConfig) -> Residual:
+    norm = build_norm(config.norm, config.d_model, config.norm_eps, bias=config.bias)
+    return Residual(norm, config.dropout, config.pre_norm)
+
+
+def _feedforward(config: ModelConfig) -> FeedForward:
+    return FeedForward(
+        config.d_model, config.d_ff, config.activation, config.bias, config.activation_dropout
+    )
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each in a residual sublayer.
+
+    With ``need_weights`` the per-head attention weights ``(batch, heads, q_len, k_len)`` are
+    kept in ``self.attn_weights`` for inspection.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = _attention(config)
+        self.attn_sublayer = _residual(config)
+        self.ffn = _feedforward(config)
+        self.ffn_sublayer = _residual(config)
+        self.attn_weights: Tensor | None = None
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        positional: PositionalEncoding | None = None,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``."""
+
+        def attend(h: Tensor) -> Tensor:
+            out = self.self_attn(h, mask=mask, is_causal=is_causal, positional=positional,
+                                 positions=positions, cache=cache, need_weights=need_weights)
+            if need_weights:
+                out, self.attn_weights = out
+            return out
+
+        x = self.attn_sublayer(x, attend)
+        return self.ffn_sublayer(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder output, feed-forward.
+
+    With ``need_weights`` the weights are kept in ``self.attn_weights`` (self-attention) and
+    ``self.cross_weights`` (cross-attention, ``(batch, heads, tgt_len, src_len)``).
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = _attention(config)
+        self.attn_sublayer = _residual(config)
+        self.cross_attn = _attention(config)
+        self.cross_sublayer = _residual(config)
+        self.ffn = _feedforward(config)
+        self.ffn_sublayer = _residual(config)
+        self.attn_weights: Tensor | None = None
+        self.cross_weights: Tensor | None = None
+
+    def forward(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        is_causal: bool = True,
+        positional: PositionalEncoding | None = None,
+        positions: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """``y (batch, tgt_len, d)``, ``memory (batch, src_len, d)`` -> ``(batch, tgt_len, d)``.
+
+        ``tgt_mask`` / ``memory_mask`` are boolean (True = may attend); the causal constraint
+        is added by ``is_causal`` (default on).
+        """
+
+        def attend(h: Tensor) -> Tensor:
+            out = self.self_attn(h, mask=tgt_mask, is_causal=is_causal, positional=positional,
+                                 positions=positions, need_weights=need_weights,
+                                 cache=None if cache is None else cache.self_attn)
+            if need_weights:
+                out, self.attn_weights = out
+            return out
+
+        def cross(h: Tensor) -> Tensor:
+            out = self.cross_attn(h, context=memory, mask=memory_mask, need_weights=need_weights,
+                                  cache=None if cache is None else cache.cross_attn)
+            if need_weights:
+                out, self.cross_weights = out
+            return out
+
+        y = self.attn_sublayer(y, attend)
+        y = self.cross_sublayer(y, cross)
+        return self.ffn_sublayer(y, self.ffn)
+
+
+class Encoder(nn.Module):
+    """N encoder layers, then a final norm when the config asks for one (pre-LN)."""
+
+    def __init__(self, config: ModelConfig, n_layers: int | None = None):
+        super().__init__()
+        n = config.n_encoder_layers if n_layers is None else n_layers
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(n))
+        self.norm = (
+            build_norm(config.norm, config.d_model, config.norm_eps, bias=config.bias)
+            if config.use_final_norm else nn.Identity()
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        positional: PositionalEncoding | None = None,
+        positions: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask, is_causal, positional, positions,
+                      None if cache is None else cache[i].self_attn, need_weights)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """N decoder layers, then a final norm when the config asks for one (pre-LN)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        self.norm = (
+            build_norm(config.norm, config.d_model, config.norm_eps, bias=config.bias)
+            if config.use_final_norm else nn.Identity()
+        )
+
+    def forward(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        is_causal: bool = True,
+        positional: PositionalEncoding | None = None,
+        positions: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """``y (batch, tgt_len, d)``, ``memory (batch, src_len, d)`` -> ``(batch, tgt_len, d)``."""
+        for i, layer in enumerate(self.layers):
+            y = layer(y, memory, tgt_mask, memory_mask, is_causal, positional, positions,
+                      None if cache is None else cache[i], need_weights)
+        return self.norm(y)

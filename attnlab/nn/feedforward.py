@@ -1,0 +1,48 @@
+"""Position-wise feed-forward networks (paper section 3.3), applied to each position alike.
+
+    ReLU (the paper):  FFN(x) = W₂ · max(0, x·W₁ + b₁) + b₂
+    GELU (GPT, BERT):  FFN(x) = W₂ · GELU(x·W₁ + b₁) + b₂
+    SwiGLU (Llama):    FFN(x) = W₂ · (SiLU(x·W₁) ⊙ x·W₃)
+
+Shapes: ``(batch, seq, d_model) -> (batch, seq, d_ff) -> (batch, seq, d_model)``.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,  # the exact erf form (BERT)
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+    "silu": F.silu,
+}
+
+
+class FeedForward(nn.Module):
+    """Two linear maps around a nonlinearity; with ``activation='swiglu'`` a gated third map."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "relu",
+        bias: bool = True,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        if activation != "swiglu" and activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}")
+        self.activation = activation
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)  # inside the FFN, after the nonlinearity
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.w3 is not None:
+            hidden = F.silu(self.w1(x)) * self.w3(x)
+        else:
+            hidden = ACTIVATIONS[self.activation](self.w1(x))
+        return self.w2(self.dropout(hidden))

@@ -1,0 +1,177 @@
+"""Positional encodings behind one interface.
+
+Self-attention is permutation-equivariant: without position information a Transformer sees a
+bag of tokens. Families inject position in one of three places, so every encoding here
+implements the same three hooks and is a no-op in the places it does not use:
+
+* :meth:`PositionalEncoding.embed` — added to the token embeddings (sinusoidal, learned);
+* :meth:`PositionalEncoding.rotate` — applied to queries and keys inside attention (RoPE);
+* :meth:`PositionalEncoding.attention_bias` — added to the attention scores (ALiBi).
+
+``positions`` are absolute token positions: a ``(seq,)`` tensor shared by the batch or a
+``(batch, seq)`` tensor (left-padded batches). :func:`positions_from` builds them from an offset,
+so that decoding one token at a time after ``offset`` cached tokens sees exactly the positions
+that decoding the whole sequence at once would.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def positions_from(offset: int, length: int, device: torch.device | str | None = None) -> Tensor:
+    """Positions ``offset, ..., offset + length - 1`` as a ``(length,)`` long tensor."""
+    return torch.arange(offset, offset + length, device=device)
+
+
+class PositionalEncoding(nn.Module):
+    """The interface; the base class is also the ``none`` encoding (every hook is identity)."""
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x (batch, seq, d_model)`` -> ``x + PE(positions)``; identity unless additive."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotate ``q (batch, heads, q_len, d_k)`` and ``k (batch, heads_kv, k_len, d_k)``."""
+        return q, k
+
+    def attention_bias(self, q_pos: Tensor, k_len: int) -> Tensor | None:
+        """Additive score bias broadcastable to ``(batch, heads, q_len, k_len)``, or None.
+
+        The ``k_len`` keys are the consecutive positions that end at the last query's position
+        (self-attention, with or without a cache).
+        """
+        return None
+
+
+class NoPositionalEncoding(PositionalEncoding):
+    """No position information at all (the model is then permutation-equivariant)."""
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same): ``(max_len, d)``."""
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2) / d_model)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    angles = pos * inv_freq
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositionalEncoding(PositionalEncoding):
+    """The paper's fixed encoding (section 3.5), kept in a non-trainable buffer.
+
+    For any fixed offset k, PE(pos + k) is a linear function of PE(pos) (a rotation of each
+    (sin, cos) pair by k·ω_i), which the paper gives as the reason for choosing it.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 5000):
+        super().__init__()
+        # persistent=False: a function of (max_len, d_model), so it never goes in a checkpoint.
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        if positions.max() >= self.pe.shape[0]:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds max_len {self.pe.shape[0]} of the encoding"
+            )
+        return x + self.pe[positions].to(x.dtype)
+
+
+class LearnedPositionalEncoding(PositionalEncoding):
+    """A trained table of absolute positions (GPT-2, BERT): ``x + P[pos]``."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        if positions.max() >= self.weight.shape[0]:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds the {self.weight.shape[0]} learned positions"
+            )
+        return x + self.weight[positions]
+
+
+class RotaryPositionalEncoding(PositionalEncoding):
+    """RoPE (Su et al., 2021): rotate each pair of query/key features by angle pos·θ_i.
+
+    θ_i = base^(-2i/d_k). Pairs are (x_i, x_{i + d_k/2}) (the "rotate half" layout used by
+    GPT-NeoX and Llama checkpoints). Because rotations compose, q_m·k_n depends on m − n only.
+    """
+
+    def __init__(self, d_k: int, max_len: int = 4096, base: float = 10000.0):
+        super().__init__()
+        if d_k % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got d_k={d_k}")
+        inv_freq = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, d_k/2)
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def _rotate_one(self, x: Tensor, positions: Tensor) -> Tensor:
+        if positions.max() >= self.cos.shape[0]:
+            raise ValueError(f"position {int(positions.max())} exceeds RoPE max_len {self.cos.shape[0]}")
+        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
+        if positions.dim() == 2:  # (batch, seq, d_k) -> (batch, 1, seq, d_k)
+            cos, sin = cos[:, None], sin[:, None]
+        half = x.shape[-1] // 2
+        rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated_half * sin
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return self._rotate_one(q, q_pos), self._rotate_one(k, k_pos)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """The ALiBi paper's head slopes: a geometric sequence starting at 2^(-8/n).
+
+    For a head count that is not a power of two, take the slopes of the next lower power of two
+    and fill up with every other slope of the next higher one (as the paper's code does).
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two(n_heads))
+    lower = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two(2 * lower)[0::2][: n_heads - lower]
+    return torch.tensor(power_of_two(lower) + extra)
+
+
+class ALiBiPositionalEncoding(PositionalEncoding):
+    """ALiBi (Press et al., 2022): no embedding; score bias −m_h·|i − j| for head h."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def attention_bias(self, q_pos: Tensor, k_len: int) -> Tensor:
+        k_pos = q_pos[..., -1:] - (k_len - 1) + torch.arange(k_len, device=q_pos.device)
+        distance = (q_pos[..., :, None] - k_pos[..., None, :]).abs().float()  # ([b,] q, k)
+        if distance.dim() == 2:
+            distance = distance[None]
+        return -self.slopes[None, :, None, None] * distance[:, None]
+
+
+def build_positional(kind: str, d_model: int, n_heads: int, max_len: int, rope_base: float):
+    """One constructor for every kind: sinusoidal, learned, rope, alibi, none."""
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len)
+    if kind == "learned":
+        return LearnedPositionalEncoding(d_model, max_len)
+    if kind == "rope":
+        return RotaryPositionalEncoding(d_model // n_heads, max_len, rope_base)
+    if kind == "alibi":
+        return ALiBiPositionalEncoding(n_heads)
+    if kind == "none":
+        return NoPositionalEncoding()
+    raise ValueError(f"unknown positional encoding {kind!r}")
