@@ -32,7 +32,8 @@ class KVCache:
         new = k.shape[2]
         end = self.length + new
         if self.k is None or end > self.k.shape[2]:
-            self._grow(k, v, max(end, 2 * (0 if self.k is None else self.k.shape[2]), self.capacity))
+            current = 0 if self.k is None else self.k.shape[2]
+            self._grow(k, v, max(end, 2 * current, self.capacity))
         self.k[:, :, self.length : end] = k
         self.v[:, :, self.length : end] = v
         self.length = end

@@ -37,7 +37,8 @@ class TokenEmbedding(nn.Module):
             int(ids.max()) >= self.vocab_size or int(ids.min()) < 0
         ):
             raise ValueError(
-                f"token ids must lie in [0, {self.vocab_size}); got {int(ids.min())}..{int(ids.max())}"
+                f"token ids must lie in [0, {self.vocab_size}); "
+                f"got {int(ids.min())}..{int(ids.max())}"
             )
         x = nn.functional.embedding(ids, self.weight)
         return x * self.scale if self.scale != 1.0 else x

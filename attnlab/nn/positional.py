@@ -51,15 +51,16 @@ class NoPositionalEncoding(PositionalEncoding):
     """No position information at all (the model is then permutation-equivariant)."""
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+def sinusoidal_table(max_len: int, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same): ``(max_len, d)``."""
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2) / d_model)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    inv_freq = torch.exp(-math.log(10000.0) * two_i / d_model)
     table = torch.zeros(max_len, d_model, dtype=torch.float64)
     angles = pos * inv_freq
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-    return table.float()
+    return table.to(dtype)
 
 
 class SinusoidalPositionalEncoding(PositionalEncoding):
@@ -77,7 +78,8 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.max() >= self.pe.shape[0]:
             raise ValueError(
-                f"position {int(positions.max())} exceeds max_len {self.pe.shape[0]} of the encoding"
+                f"position {int(positions.max())} exceeds the encoding's max_len "
+                f"{self.pe.shape[0]}"
             )
         return x + self.pe[positions].to(x.dtype)
 
@@ -93,7 +95,8 @@ class LearnedPositionalEncoding(PositionalEncoding):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.max() >= self.weight.shape[0]:
             raise ValueError(
-                f"position {int(positions.max())} exceeds the {self.weight.shape[0]} learned positions"
+                f"position {int(positions.max())} exceeds the "
+                f"{self.weight.shape[0]} learned positions"
             )
         return x + self.weight[positions]
 
@@ -117,7 +120,9 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     def _rotate_one(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.max() >= self.cos.shape[0]:
-            raise ValueError(f"position {int(positions.max())} exceeds RoPE max_len {self.cos.shape[0]}")
+            raise ValueError(
+                f"position {int(positions.max())} exceeds RoPE max_len {self.cos.shape[0]}"
+            )
         cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
         if positions.dim() == 2:  # (batch, seq, d_k) -> (batch, 1, seq, d_k)
             cos, sin = cos[:, None], sin[:, None]

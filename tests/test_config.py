@@ -1,0 +1,44 @@
+import pytest
+
+from attnlab import PRESETS, ModelConfig
+
+
+def test_json_round_trip(tmp_path):
+    cfg = ModelConfig.from_preset("small", positional="rope", num_kv_heads=2)
+    path = tmp_path / "config.json"
+    cfg.to_json(path)
+    assert ModelConfig.from_json(path) == cfg
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_presets_from_the_paper():
+    base, big = ModelConfig.from_preset("base"), ModelConfig.from_preset("big")
+    assert (base.n_encoder_layers, base.d_model, base.n_heads, base.d_ff, base.dropout) == (
+        6, 512, 8, 2048, 0.1)
+    assert (big.d_model, big.n_heads, big.d_ff, big.dropout) == (1024, 16, 4096, 0.3)
+    assert base.d_k == 64 and base.norm_placement == "post" and base.activation == "relu"
+    assert {"base", "big", "small", "tiny"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
+    (dict(positional="fourier"), "positional='fourier'"),
+    (dict(num_kv_heads=3), "not divisible by num_kv_heads=3"),
+])
+def test_invalid_configs_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**kwargs)
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        ModelConfig.from_preset("huge")
+    with pytest.raises(ValueError, match="unknown config field"):
+        ModelConfig.from_dict({"d_modle": 3})
+
+
+def test_bad_json_names_file_and_line(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text('{\n  "d_model": 64,\n  oops\n}')
+    with pytest.raises(ValueError, match=r"c\.json:3: invalid JSON"):
+        ModelConfig.from_json(path)
