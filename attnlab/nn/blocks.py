@@ -46,6 +46,13 @@ def _residual(config: ModelConfig) -> Residual:
     return Residual(norm, config.dropout, config.pre_norm)
 
 
+def _final_norm(config: ModelConfig) -> nn.Module:
+    """Pre-LN stacks end with a norm (the residual path is never normalised otherwise)."""
+    if not config.use_final_norm:
+        return nn.Identity()
+    return build_norm(config.norm, config.d_model, config.norm_eps, bias=config.bias)
+
+
 def _feedforward(config: ModelConfig) -> FeedForward:
     return FeedForward(
         config.d_model, config.d_ff, config.activation, config.bias, config.activation_dropout
@@ -153,10 +160,7 @@ class Encoder(nn.Module):
         super().__init__()
         n = config.n_encoder_layers if n_layers is None else n_layers
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(n))
-        self.norm = (
-            build_norm(config.norm, config.d_model, config.norm_eps, bias=config.bias)
-            if config.use_final_norm else nn.Identity()
-        )
+        self.norm = _final_norm(config)
 
     def forward(
         self,
@@ -181,10 +185,7 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
-        self.norm = (
-            build_norm(config.norm, config.d_model, config.norm_eps, bias=config.bias)
-            if config.use_final_norm else nn.Identity()
-        )
+        self.norm = _final_norm(config)
 
     def forward(
         self,
