@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
-	$(BIN)/attnlab info --preset base
+	$(BIN)/attnlab demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check attnlab tests benchmarks

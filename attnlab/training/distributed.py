@@ -1,0 +1,58 @@
+"""Distributed data parallel through ``torchrun`` (gloo on CPU, nccl on CUDA).
+
+Every rank holds the full model and a slice of each global batch; gradients are averaged by
+:class:`torch.nn.parallel.DistributedDataParallel`. Single-process runs skip all of it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def init_from_env() -> tuple[int, int]:
+    """Start the process group when launched by torchrun (WORLD_SIZE > 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not is_distributed():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return rank_and_world()
+
+
+def rank_and_world() -> tuple[int, int]:
+    if is_distributed():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def wrap(model: nn.Module) -> nn.Module:
+    if not is_distributed():
+        return model
+    return nn.parallel.DistributedDataParallel(model)
+
+
+def all_reduce_sum(value: float | int) -> float | int:
+    if not is_distributed():
+        return value
+    t = torch.tensor(float(value), dtype=torch.float64)
+    dist.all_reduce(t)
+    return type(value)(t.item())
+
+
+def any_true(flag: bool) -> bool:
+    """True on every rank if it is true on any (so all ranks stop together)."""
+    return bool(all_reduce_sum(int(flag))) if is_distributed() else flag
+
+
+def shutdown() -> None:
+    if is_distributed():
+        dist.destroy_process_group()

@@ -1,0 +1,102 @@
+"""End-to-end jobs: train a translator on files or on the built-in numbers task, evaluate it.
+
+Used by ``attnlab train translate`` and ``attnlab demo``; everything here is plain functions
+over the library's parts, so the same steps work from Python.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnlab.config import ModelConfig
+from attnlab.data import TranslationBatches, filter_by_length, numbers_corpus, read_parallel
+from attnlab.data.batching import pad
+from attnlab.generation import greedy_decode
+from attnlab.models import Transformer
+from attnlab.tokenizers import CharTokenizer, Tokenizer, WordTokenizer
+from attnlab.training import distributed
+from attnlab.training.trainer import Trainer, TrainConfig
+
+TOKENIZERS = {"char": CharTokenizer, "word": WordTokenizer}
+
+
+@dataclass
+class Corpus:
+    train: list[tuple[str, str]]
+    test: list[tuple[str, str]]
+
+
+def load_corpus(task: str | None, src: str | None, tgt: str | None, n_train: int = 200_000,
+                n_test: int = 500, seed: int = 0) -> Corpus:
+    """The numbers task, or parallel files (the last ``n_test`` pairs held out)."""
+    if task == "numbers":
+        train, test = numbers_corpus(n_train, n_test, seed)
+        return Corpus(train, test)
+    if task is not None:
+        raise ValueError(f"unknown task {task!r}; the built-in task is 'numbers'")
+    if not (src and tgt):
+        raise ValueError("give --task numbers, or both --src FILE and --tgt FILE")
+    pairs = [p for p in read_parallel(src, tgt) if p[0] and p[1]]
+    random.Random(seed).shuffle(pairs)
+    n_test = min(n_test, len(pairs) // 10)
+    return Corpus(pairs[n_test:], pairs[:n_test])
+
+
+def encode_pairs(pairs, src_tok: Tokenizer, tgt_tok: Tokenizer, max_len: int):
+    """Source ``... eos``, target ``bos ... eos``; pairs over ``max_len`` are dropped."""
+    src = [src_tok.encode(s, add_eos=True) for s, _ in pairs]
+    tgt = [tgt_tok.encode(t, add_bos=True, add_eos=True) for _, t in pairs]
+    return filter_by_length(src, tgt, max_len)
+
+
+def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelConfig,
+                      train_config: TrainConfig, src_tokenizer: str = "word",
+                      tgt_tokenizer: str = "char", resume: bool = False, log=print):
+    """Train and return ``(model, tokenizers, history)``; checkpoints go to ``out_dir``."""
+    rank, _ = distributed.init_from_env()
+    torch.manual_seed(train_config.seed)
+    src_tok = TOKENIZERS[src_tokenizer].train(s for s, _ in corpus.train)
+    tgt_tok = TOKENIZERS[tgt_tokenizer].train(t for _, t in corpus.train)
+    model_config.vocab_size = src_tok.vocab_size
+    model_config.tgt_vocab_size = tgt_tok.vocab_size
+    src, tgt, report = encode_pairs(corpus.train, src_tok, tgt_tok, model_config.max_len)
+    if not src:
+        raise ValueError(f"empty corpus after length filtering: {report}")
+    if rank == 0:
+        log(f"data: {report}; vocabularies {src_tok.vocab_size} (source) and "
+            f"{tgt_tok.vocab_size} (target)")
+    model = Transformer(model_config)
+    batches = TranslationBatches(src, tgt, train_config.max_tokens, seed=train_config.seed)
+    tokenizers = {"source": src_tok.to_dict(), "target": tgt_tok.to_dict()}
+    trainer = Trainer(model, batches, train_config, out_dir, tokenizers, model_config)
+    if resume and trainer.resume() and rank == 0:
+        log(f"resumed from step {trainer.step}")
+    history = trainer.fit()
+    return model.eval(), {"source": src_tok, "target": tgt_tok}, history
+
+
+@torch.no_grad()
+def translate(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, sentences: list[str],
+              batch_size: int = 256, max_len: int | None = None) -> list[str]:
+    """Greedy translations of ``sentences`` (batched, KV cache)."""
+    model.eval()
+    out: list[str] = []
+    for i in range(0, len(sentences), batch_size):
+        ids = [src_tok.encode(s, add_eos=True) for s in sentences[i : i + batch_size]]
+        longest = max(map(len, ids))
+        if longest > model.config.max_len:
+            raise ValueError(f"input of {longest} tokens exceeds the model's maximum length "
+                             f"max_len={model.config.max_len}")
+        tokens = greedy_decode(model, pad(ids, model.config.pad_id), max_len=max_len)
+        out.extend(tgt_tok.decode(row.tolist()) for row in tokens)
+    return out
+
+
+def exact_match(model, src_tok, tgt_tok, pairs) -> tuple[float, list[str]]:
+    hyps = translate(model, src_tok, tgt_tok, [s for s, _ in pairs])
+    correct = sum(h == t for h, (_, t) in zip(hyps, pairs, strict=True))
+    return correct / max(1, len(pairs)), hyps

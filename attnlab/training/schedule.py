@@ -1,0 +1,53 @@
+"""Learning-rate schedules, as functions of the (1-based) optimizer step.
+
+The paper's schedule (section 5.3), linear warmup then inverse-square-root decay:
+
+    lr(step) = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)
+
+peaking at step = warmup with lr = factor · (d_model · warmup)^-0.5 (6.988e-4 for d_model 512,
+warmup 4000). GPT/BERT-style training uses linear warmup then cosine decay to ``min_lr``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class NoamSchedule:
+    d_model: int = 512
+    warmup: int = 4000
+    factor: float = 1.0
+
+    def __call__(self, step: int) -> float:
+        step = max(step, 1)
+        return self.factor * self.d_model**-0.5 * min(step**-0.5, step * self.warmup**-1.5)
+
+
+@dataclass
+class CosineSchedule:
+    peak_lr: float = 1e-3
+    warmup: int = 100
+    total_steps: int = 10000
+    min_lr: float = 0.0
+
+    def __call__(self, step: int) -> float:
+        step = max(step, 1)
+        if step <= self.warmup:
+            return self.peak_lr * step / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total_steps - self.warmup))
+        return self.min_lr + 0.5 * (self.peak_lr - self.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+SCHEDULES = {"noam": NoamSchedule, "cosine": CosineSchedule}
+
+
+def schedule_to_dict(schedule) -> dict:
+    return {"kind": next(k for k, v in SCHEDULES.items() if isinstance(schedule, v)),
+            **asdict(schedule)}
+
+
+def schedule_from_dict(data: dict):
+    data = dict(data)
+    return SCHEDULES[data.pop("kind")](**data)

@@ -1,0 +1,247 @@
+"""The training loop: the paper's recipe, resumable, distributable, observable.
+
+Each optimizer step:
+
+1. take ``accumulate`` micro-batches and count their real target tokens N (summed over all
+   ranks when distributed), so the step optimises Σ loss / N of the whole global batch;
+2. forward under bf16 autocast when asked, label-smoothed loss, backward;
+3. clip the global gradient norm, set the scheduled learning rate, Adam step;
+4. stop at once, keeping the last good checkpoint, if the loss is NaN or inf.
+
+Checkpoints hold everything a resumed run needs to continue *exactly*: weights, optimizer
+moments, RNG states, data position and step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.training import distributed
+from attnlab.training.checkpoint import (
+    list_checkpoints,
+    load_trainer_state,
+    load_weights,
+    save_checkpoint,
+)
+from attnlab.training.loss import label_smoothed_loss
+from attnlab.training.schedule import NoamSchedule, schedule_from_dict, schedule_to_dict
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or inf; the message names the step and the checkpoint kept."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    max_tokens: int = 4096  # padded tokens per side per micro-batch (the paper: ~25,000)
+    accumulate: int = 1
+    label_smoothing: float = 0.1
+    clip_norm: float | None = 1.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    schedule: dict[str, Any] = field(default_factory=lambda: schedule_to_dict(NoamSchedule()))
+    bf16: bool = False
+    compile: bool = False
+    seed: int = 0
+    save_every: int = 500
+    keep_last: int = 5
+    log_every: int = 10
+    time_budget: float | None = None  # seconds of training, then stop cleanly
+    progress: bool = True
+
+
+def _fault_hook():
+    """Fault injection for the interruption tests: ATTNLAB_FAULT="kill@step:N" or
+    "kill@checkpoint:N" sends SIGKILL to this process at that point."""
+    spec = os.environ.get("ATTNLAB_FAULT")
+    if not spec:
+        return None
+    where, step = spec.removeprefix("kill@").split(":")
+
+    def fault(point: str, current: int) -> None:
+        if point == where and current == int(step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return fault
+
+
+class Trainer:
+    """Trains an encoder–decoder on ``batches`` (a :class:`TranslationBatches`)."""
+
+    def __init__(self, model: nn.Module, batches, config: TrainConfig, out_dir: str | Path,
+                 tokenizers: dict[str, dict], model_config):
+        self.cfg = config
+        self.out_dir = Path(out_dir)
+        self.rank, self.world = distributed.rank_and_world()
+        self.is_main = self.rank == 0
+        self.model = model
+        self.model_config = model_config
+        self.tokenizers = tokenizers
+        self.batches = batches.shard(self.rank, self.world)
+        self.schedule = schedule_from_dict(config.schedule)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=self.schedule(1),
+                                          betas=config.betas, eps=config.eps)
+        self.train_model = distributed.wrap(model)
+        if config.compile:
+            self.train_model = torch.compile(self.train_model)
+        self.step = 0
+        self.fault = _fault_hook()
+        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+
+    # --- state ---------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": list(random.getstate()[1]),
+            "data": self.batches.state_dict(),
+            "schedule": self.cfg.schedule,
+        }
+
+    def save(self) -> Path | None:
+        if not self.is_main:
+            return None
+        return save_checkpoint(self.ckpt_dir, self.step, self.model, self.model_config,
+                               self.tokenizers, self.state(), self.cfg.keep_last, self.fault)
+
+    def resume(self) -> bool:
+        """Continue from the newest checkpoint in ``out_dir``; False if there is none."""
+        found = list_checkpoints(self.ckpt_dir)
+        if not found:
+            return False
+        load_weights(self.model, found[-1])
+        state = load_trainer_state(found[-1])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate((3, tuple(state["python_rng"]), None))
+        self.batches.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        if self.is_main and self.metrics_path.exists():  # drop rows the resumed run redoes
+            rows = self.metrics_path.read_text().splitlines()
+            kept = [r for r in rows if json.loads(r)["step"] <= self.step]
+            self.metrics_path.write_text("".join(r + "\n" for r in kept))
+        return True
+
+    # --- one step ------------------------------------------------------------------------
+    def train_step(self, data_iter) -> dict[str, float]:
+        micro = [next(data_iter) for _ in range(self.cfg.accumulate)]
+        pad_id = self.model_config.pad_id
+        local_tokens = sum(int((tgt[:, 1:] != pad_id).sum()) for _, tgt in micro)
+        global_tokens = distributed.all_reduce_sum(local_tokens)
+        # DDP averages gradients over ranks, hence × world: the result is Σ loss / N_global.
+        scale = self.world / global_tokens
+        lr = self.schedule(self.step + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = nll_sum = 0.0
+        src_tokens = 0
+        for src, tgt in micro:
+            with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+                logits = self.train_model(src, tgt[:, :-1])
+            sums = label_smoothed_loss(logits, tgt[:, 1:], self.cfg.label_smoothing, pad_id)
+            (sums.loss * scale).backward()
+            loss_sum += sums.loss.item()
+            nll_sum += sums.nll.item()
+            src_tokens += int((src != pad_id).sum())
+        loss_sum = distributed.all_reduce_sum(loss_sum)
+        nll_sum = distributed.all_reduce_sum(nll_sum)
+        if not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            kept = list_checkpoints(self.ckpt_dir)
+            raise TrainingDiverged(
+                f"loss became {loss_sum} at step {self.step + 1}; training stopped, last good "
+                f"checkpoint: {kept[-1] if kept else 'none written yet'}"
+            )
+        grad_norm = (nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+                     if self.cfg.clip_norm else torch.tensor(0.0))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"loss": loss_sum / global_tokens, "nll": nll_sum / global_tokens,
+                "ppl": math.exp(min(nll_sum / global_tokens, 50)), "lr": lr,
+                "grad_norm": float(grad_norm), "tgt_tokens": global_tokens,
+                "src_tokens": distributed.all_reduce_sum(src_tokens)}
+
+    # --- the loop ------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, float]]:
+        from tqdm import tqdm
+
+        if self.step == 0:  # fresh run: seed dropout (a resumed run restored its RNG state)
+            torch.manual_seed(self.cfg.seed + self.rank)
+        self.model.train()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        data_iter = iter(self.batches)
+        history: list[dict[str, float]] = []
+        bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not (
+            self.is_main and self.cfg.progress), dynamic_ncols=True, unit="step")
+        start, tokens = time.perf_counter(), 0
+        metrics = open(self.metrics_path, "a") if self.is_main else None
+        try:
+            while self.step < self.cfg.steps:
+                row = self.train_step(data_iter)
+                if self.fault is not None:
+                    self.fault("step", self.step)
+                elapsed = time.perf_counter() - start
+                tokens += row["src_tokens"] + row["tgt_tokens"]
+                row.update(step=self.step, time=elapsed, tokens_per_s=tokens / elapsed)
+                history.append(row)
+                if metrics is not None:
+                    metrics.write(json.dumps(row) + "\n")
+                    metrics.flush()
+                bar.update(1)
+                if self.step % self.cfg.log_every == 0:
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
+                                    tok_s=f"{row['tokens_per_s']:.0f}")
+                budget_over = self.cfg.time_budget is not None and distributed.any_true(
+                    elapsed >= self.cfg.time_budget)
+                if self.step % self.cfg.save_every == 0 or budget_over:
+                    self.save()
+                if budget_over:
+                    break
+            if not list_checkpoints(self.ckpt_dir) or (
+                    list_checkpoints(self.ckpt_dir)[-1].name != f"step-{self.step:08d}"):
+                self.save()
+        finally:
+            bar.close()
+            if metrics is not None:
+                metrics.close()
+        return history
+
+
+def plot_loss_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
+    """Training loss (and NLL) against step, from metrics.jsonl, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines()]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="label-smoothed loss")
+    ax.plot([r["step"] for r in rows], [r["nll"] for r in rows], label="NLL", alpha=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss per target token")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return Path(png_path)
+
+
+__all__ = ["Trainer", "TrainConfig", "TrainingDiverged", "plot_loss_curve"]
