@@ -19,7 +19,7 @@ from attnlab.generation import greedy_decode
 from attnlab.models import Transformer
 from attnlab.tokenizers import CharTokenizer, Tokenizer, WordTokenizer
 from attnlab.training import distributed
-from attnlab.training.trainer import Trainer, TrainConfig
+from attnlab.training.trainer import TrainConfig, Trainer
 
 TOKENIZERS = {"char": CharTokenizer, "word": WordTokenizer}
 
