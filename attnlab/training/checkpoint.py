@@ -125,8 +125,8 @@ def load_weights(model: nn.Module, folder: str | os.PathLike) -> None:
     except (SafetensorError, RuntimeError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: truncated or corrupted checkpoint ({e})") from None
     if unexpected or missing:
-        raise CheckpointError(f"{path}: does not match the model "
-                              f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        raise CheckpointError(f"{path}: does not match the model (missing "
+                              f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
 
 
 def load_trainer_state(folder: str | os.PathLike) -> dict[str, Any]:
