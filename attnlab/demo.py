@@ -37,7 +37,7 @@ def run_demo(out_dir: str = "runs/demo", time_budget: float = 270.0, max_steps: 
     train_config = TrainConfig(
         steps=max_steps, max_tokens=4096, bf16=bf16, seed=seed, save_every=500, keep_last=3,
         time_budget=time_budget,
-        schedule=schedule_to_dict(NoamSchedule(d_model=128, warmup=400, factor=0.6)),
+        schedule=schedule_to_dict(NoamSchedule(d_model=128, warmup=300, factor=0.5)),
     )
     start = time.perf_counter()
     model, toks, history = train_translation(corpus, out, model_config, train_config, log=log)
