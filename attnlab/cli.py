@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Train a small translator on English->German number "
                                       "words and report held-out exact match.")
     demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--time-budget", type=float, default=270.0, help="training seconds")
+    demo.add_argument("--time-budget", type=float, default=285.0, help="training seconds")
     demo.add_argument("--n-train", type=int, default=200_000)
     demo.add_argument("--n-test", type=int, default=500)
     demo.add_argument("--fp32", action="store_true", help="train in float32 instead of bf16")

@@ -24,7 +24,7 @@ EXAMPLES = ["forty-two", "seven hundred twenty-one thousand three hundred ninety
             "one thousand one", "ninety-nine thousand nine hundred nineteen"]
 
 
-def run_demo(out_dir: str = "runs/demo", time_budget: float = 270.0, max_steps: int = 4000,
+def run_demo(out_dir: str = "runs/demo", time_budget: float = 285.0, max_steps: int = 4000,
              n_train: int = 200_000, n_test: int = 500, seed: int = 0, bf16: bool = True,
              log=print) -> dict:
     out = Path(out_dir)
