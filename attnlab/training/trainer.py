@@ -212,8 +212,8 @@ class Trainer:
                     self.save()
                 if budget_over:
                     break
-            if not list_checkpoints(self.ckpt_dir) or (
-                    list_checkpoints(self.ckpt_dir)[-1].name != f"step-{self.step:08d}"):
+            saved = list_checkpoints(self.ckpt_dir)
+            if not saved or saved[-1].name != f"step-{self.step:08d}":
                 self.save()
         finally:
             bar.close()
