@@ -82,11 +82,24 @@ def _train_translate(args: argparse.Namespace) -> None:
 
     if distributed.rank_and_world()[0] == 0:
         plot_loss_curve(Path(args.out) / "metrics.jsonl", Path(args.out) / "loss_curve.png")
+        if args.average_last > 1:
+            from attnlab.training.checkpoint import load_model_dir, write_average
+
+            folder, used = write_average(args.out, args.average_last)
+            model = load_model_dir(folder)[0]
+            print(f"averaged the last {len(used)} checkpoints into {folder}")
         if corpus.test and args.evaluate:
             acc, _ = exact_match(model, toks["source"], toks["target"], corpus.test)
             print(f"held-out exact match: {acc:.1%} of {len(corpus.test)}")
         print(f"checkpoints in {Path(args.out) / 'checkpoints'}")
     distributed.shutdown()
+
+
+def cmd_average(args: argparse.Namespace) -> None:
+    from attnlab.training.checkpoint import write_average
+
+    folder, used = write_average(args.model, args.last, args.out)
+    print(f"averaged {', '.join(p.name for p in used)} into {folder}")
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
@@ -102,7 +115,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from attnlab.demo import run_demo
 
-    result = run_demo(args.out, time_budget=args.time_budget, n_test=args.n_test,
+    result = run_demo(args.out, steps=args.steps, time_budget=args.time_budget, n_test=args.n_test,
                       n_train=args.n_train, bf16=not args.fp32)
     if args.min_accuracy is not None and result["accuracy"] < args.min_accuracy:
         raise UsageError(f"held-out exact match {result['accuracy']:.1%} is below "
@@ -149,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     tt.add_argument("--save-every", type=int, default=500)
     tt.add_argument("--keep-last", type=int, default=5)
+    tt.add_argument("--average-last", type=int, default=0, metavar="N",
+                    help="after training, average the last N checkpoints into OUT/final")
     tt.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU with AMX, or CUDA)")
     tt.add_argument("--compile", action="store_true", help="torch.compile the model")
     tt.add_argument("--seed", type=int, default=0)
@@ -157,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--no-evaluate", dest="evaluate", action="store_false",
                     help="skip the held-out exact-match evaluation")
     tt.set_defaults(func=_train_translate)
+
+    avg = sub.add_parser("average", help="average the last checkpoints of a run",
+                         description="Average the weights of a run's last N checkpoints (the "
+                                     "paper averaged the last 5) into a model folder.")
+    avg.add_argument("--model", required=True, help="run folder (with checkpoints/)")
+    avg.add_argument("--last", type=int, default=5)
+    avg.add_argument("--out", help="output folder (default: RUN/final)")
+    avg.set_defaults(func=cmd_average)
 
     tr = sub.add_parser("translate", help="translate with a trained model",
                         description="Translate the given sentences, or stdin line by line.")
@@ -168,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Train a small translator on English->German number "
                                       "words and report held-out exact match.")
     demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--time-budget", type=float, default=285.0, help="training seconds")
+    demo.add_argument("--steps", type=int, default=2500, help="training steps")
+    demo.add_argument("--time-budget", type=float, help="stop training after this many seconds")
     demo.add_argument("--n-train", type=int, default=200_000)
     demo.add_argument("--n-test", type=int, default=500)
     demo.add_argument("--fp32", action="store_true", help="train in float32 instead of bf16")

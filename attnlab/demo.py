@@ -7,13 +7,14 @@ saw, and leaves a checkpoint, a loss curve and a cross-attention heatmap under `
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
 from attnlab.config import ModelConfig
-from attnlab.training.recipes import exact_match, load_corpus, train_translation
+from attnlab.training.recipes import exact_match, load_corpus, train_translation, translate
 from attnlab.training.schedule import NoamSchedule, schedule_to_dict
 from attnlab.training.trainer import TrainConfig, plot_loss_curve
 from attnlab.viz import plot_cross_attention
@@ -24,18 +25,21 @@ EXAMPLES = ["forty-two", "seven hundred twenty-one thousand three hundred ninety
             "one thousand one", "ninety-nine thousand nine hundred nineteen"]
 
 
-def run_demo(out_dir: str = "runs/demo", time_budget: float = 285.0, max_steps: int = 4000,
+def run_demo(out_dir: str = "runs/demo", steps: int = 2500, time_budget: float | None = None,
              n_train: int = 200_000, n_test: int = 500, seed: int = 0, bf16: bool = True,
              log=print) -> dict:
     out = Path(out_dir)
+    if (out / "checkpoints").exists():  # the demo's own scratch folder: start afresh
+        log(f"removing the previous demo run in {out}")
+        shutil.rmtree(out / "checkpoints")
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     corpus = load_corpus("numbers", None, None, n_train, n_test, seed)
     log(f"numbers task: {len(corpus.train):,} training pairs, {len(corpus.test)} held-out "
-        f"numbers never seen in training; training for at most {time_budget:.0f} s")
+        f"numbers never seen in training; training {steps} steps"
+        + (f" or {time_budget:.0f} s, whichever comes first" if time_budget else ""))
     model_config = ModelConfig.from_preset("tiny", **DEMO_MODEL)
     train_config = TrainConfig(
-        steps=max_steps, max_tokens=4096, bf16=bf16, seed=seed, save_every=500, keep_last=3,
+        steps=steps, max_tokens=4096, bf16=bf16, seed=seed, save_every=500, keep_last=3,
         time_budget=time_budget,
         schedule=schedule_to_dict(NoamSchedule(d_model=128, warmup=300, factor=0.5)),
     )
@@ -48,8 +52,6 @@ def run_demo(out_dir: str = "runs/demo", time_budget: float = 285.0, max_steps: 
     log(f"held-out exact match: {accuracy:.1%} of {len(corpus.test)} numbers\n")
     for (src, ref), hyp in list(zip(corpus.test, hyps, strict=True))[:5]:
         log(f"  {src}\n    -> {hyp}  {'✓' if hyp == ref else '✗ expected ' + ref}")
-    from attnlab.training.recipes import translate
-
     for src, hyp in zip(EXAMPLES, translate(model, toks["source"], toks["target"], EXAMPLES),
                         strict=True):
         log(f"  {src}\n    -> {hyp}")

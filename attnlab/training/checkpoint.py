@@ -53,20 +53,19 @@ def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1))
 
 
-def save_checkpoint(root: str | os.PathLike, step: int, model: nn.Module, config: ModelConfig,
-                    tokenizers: dict[str, dict], trainer_state: dict[str, Any] | None = None,
-                    keep_last: int | None = None, fault=None) -> Path:
-    """Write ``root/step-{step:08d}`` atomically; prune to the ``keep_last`` newest."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConfig,
+                   tokenizers: dict[str, dict], trainer_state: dict[str, Any] | None = None,
+                   fault=None) -> Path:
+    """Write a model folder atomically: a temporary sibling, fsync'ed, renamed into place."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     save_model(model, str(tmp / "model.safetensors"))
     if fault is not None:
-        fault("checkpoint", step)  # test hook: a kill here must leave older checkpoints intact
+        fault("checkpoint", trainer_state["step"])  # test hook: a kill mid-write
     config.to_json(tmp / "config.json")
     _write_json(tmp / "tokenizers.json", tokenizers)
     if trainer_state is not None:
@@ -77,7 +76,17 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: nn.Module, config
     if final.exists():  # re-saving the same step (e.g. after a resume): replace it
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    _fsync_dir(final.parent)
+    return final
+
+
+def save_checkpoint(root: str | os.PathLike, step: int, model: nn.Module, config: ModelConfig,
+                    tokenizers: dict[str, dict], trainer_state: dict[str, Any] | None = None,
+                    keep_last: int | None = None, fault=None) -> Path:
+    """Write ``root/step-{step:08d}`` atomically; prune to the ``keep_last`` newest."""
+    root = Path(root)
+    final = save_model_dir(root / f"step-{step:08d}", model, config, tokenizers,
+                           trainer_state, fault)
     if keep_last:
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
@@ -173,3 +182,24 @@ def load_model_dir(path: str | os.PathLike):
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise CheckpointError(f"{tok_path}: truncated or corrupted ({e})") from None
     return model.eval(), config, tokenizers
+
+
+def write_average(run: str | os.PathLike, last: int = 5, out: str | os.PathLike | None = None):
+    """Average the ``last`` newest checkpoints of a run into a model folder (default
+    ``run/final``), which ``attnlab translate --model run`` then prefers."""
+    ckpts = list_checkpoints(Path(run) / "checkpoints") or list_checkpoints(run)
+    if not ckpts:
+        raise FileNotFoundError(f"no checkpoints under {run}")
+    chosen = ckpts[-last:]
+    model, config, tokenizers = load_model_dir(chosen[-1])
+    averaged = average_checkpoints(chosen)
+    _, unexpected = model.load_state_dict(averaged, strict=False)
+    # Tied weights are stored once under one of their names: check every tensor got a value.
+    by_name = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {id(by_name[name]) for name in averaged if name in by_name}
+    if unexpected or any(id(p) not in loaded for p in model.parameters()):
+        raise CheckpointError(f"{chosen[-1]}: checkpoints do not match the model")
+    out = Path(run) / "final" if out is None else Path(out)
+    save_model_dir(out, model, config, {k: t.to_dict() for k, t in tokenizers.items()})
+    return out, chosen
+

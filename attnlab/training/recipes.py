@@ -19,6 +19,7 @@ from attnlab.generation import greedy_decode
 from attnlab.models import Transformer
 from attnlab.tokenizers import CharTokenizer, Tokenizer, WordTokenizer
 from attnlab.training import distributed
+from attnlab.training.checkpoint import list_checkpoints
 from attnlab.training.trainer import TrainConfig, Trainer
 
 TOKENIZERS = {"char": CharTokenizer, "word": WordTokenizer}
@@ -58,6 +59,9 @@ def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelCo
                       tgt_tokenizer: str = "char", resume: bool = False, log=print):
     """Train and return ``(model, tokenizers, history)``; checkpoints go to ``out_dir``."""
     rank, _ = distributed.init_from_env()
+    if not resume and list_checkpoints(Path(out_dir) / "checkpoints"):
+        raise ValueError(f"{out_dir} already holds checkpoints: pass --resume to continue that "
+                         "run, or choose another --out")
     torch.manual_seed(train_config.seed)
     src_tok = TOKENIZERS[src_tokenizer].train(s for s, _ in corpus.train)
     tgt_tok = TOKENIZERS[tgt_tokenizer].train(t for _, t in corpus.train)

@@ -189,7 +189,9 @@ class Trainer:
         bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not (
             self.is_main and self.cfg.progress), dynamic_ncols=True, unit="step")
         start, tokens = time.perf_counter(), 0
-        metrics = open(self.metrics_path, "a") if self.is_main else None
+        # A fresh run starts a new metrics file; a resumed one appends (resume() trimmed it).
+        mode = "w" if self.step == 0 else "a"
+        metrics = open(self.metrics_path, mode) if self.is_main else None
         try:
             while self.step < self.cfg.steps:
                 row = self.train_step(data_iter)

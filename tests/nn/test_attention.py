@@ -145,3 +145,16 @@ def test_is_causal_bottom_right_alignment_for_cached_queries():
     ref0 = scaled_dot_product_attention(q[:, :, :1], k[:, :, :4], v[:, :, :4])
     ref1 = scaled_dot_product_attention(q[:, :, 1:], k, v)
     assert torch.allclose(out, torch.cat([ref0, ref1], dim=2), atol=1e-6)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_bf16_fast_path_matches_torch_kernel(is_causal):
+    # On CPU, bf16 short sequences take the composed path (faster there); it must agree with
+    # torch's own fused kernel to bf16 precision, masks and causality included.
+    q, k, v = (t.bfloat16() for t in _qkv(lq=6, lk=6))
+    mask = MASKS["padding"][..., :6]
+    ours = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril() if is_causal else True
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask & causal)
+    assert ours.dtype == torch.bfloat16
+    assert (ours.float() - ref.float()).abs().max() < 2e-2

@@ -142,6 +142,12 @@ def test_bad_input_one_line_exit_2(case, tmp_path, trained):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+def test_fresh_run_into_a_folder_with_checkpoints_is_refused(trained):
+    r = cli(*TRAIN, "--steps", "12", "--out", str(trained))
+    assert r.returncode == 2 and "already holds checkpoints: pass --resume" in r.stderr
+    assert len(losses(trained)) == 12  # nothing touched
+
+
 def test_translate_from_stdin_and_checkpoint_averaging(trained):
     r = subprocess.run([sys.executable, "-m", "attnlab.cli", "translate", "--model",
                         str(trained)], input="one\ntwo\n", capture_output=True, text=True,
@@ -154,3 +160,17 @@ def test_translate_from_stdin_and_checkpoint_averaging(trained):
         assert torch.allclose(avg[k], (a[k] + b[k]) / 2, atol=1e-7)
     with pytest.raises(CheckpointError):
         average_checkpoints([Path("/nonexistent")])
+
+
+def test_average_command_writes_a_loadable_model_folder(trained, tmp_path):
+    r = cli("average", "--model", str(trained), "--last", "2", "--out", str(tmp_path / "avg"))
+    assert r.returncode == 0, r.stderr
+    ckpts = list_checkpoints(trained / "checkpoints")
+    assert ckpts[-2].name in r.stdout and ckpts[-1].name in r.stdout
+    model, _, _ = load_model_dir(tmp_path / "avg")
+    expected = average_checkpoints(ckpts[-2:])
+    state = model.state_dict()
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+    assert model.lm_head.weight is model.tgt_embed.weight  # still tied after loading
+    r = cli("translate", "--model", str(tmp_path / "avg"), "one")
+    assert r.returncode == 0 and r.stdout.strip()
