@@ -73,11 +73,11 @@ def scaled_dot_product_attention(
 
 
 # benchmarks/attention.py on a 2-core Sapphire Rapids CPU (torch 2.13, fwd + bwd, causal, bf16):
-# (batch, heads, len, d_k) = (64, 4, 64, 32): flash kernel 24.1 ms, composed matmuls 5.8 ms;
-# (8, 12, 256, 64): 44.3 vs 29.5 ms; (4, 12, 1024, 64): 165.7 vs 568.0 ms. In float32 the
-# flash kernel wins at every size. So on CPU, in reduced precision and up to 256×256 scores,
+# (batch, heads, len, d_k) = (64, 4, 64, 32): flash kernel 20.6 ms, composed matmuls 4.8 ms;
+# (4, 12, 512, 64): 69.1 vs 50.3 ms; (4, 12, 1024, 64): 153.7 vs 454.6 ms. In float32 the
+# flash kernel wins at every size. So on CPU, in reduced precision and up to 512×512 scores,
 # the fast path composes the same equation from matmuls (docs/benchmarks.md).
-_COMPOSED_MAX_SCORES = 256 * 256
+_COMPOSED_MAX_SCORES = 512 * 512
 
 
 def _composed_is_faster(q: Tensor, k_len: int) -> bool:
