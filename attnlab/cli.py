@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Train a small translator on English->German number "
                                       "words and report held-out exact match.")
     demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--steps", type=int, default=2500, help="training steps")
+    demo.add_argument("--steps", type=int, default=2000, help="training steps")
     demo.add_argument("--time-budget", type=float, help="stop training after this many seconds")
     demo.add_argument("--n-train", type=int, default=200_000)
     demo.add_argument("--n-test", type=int, default=500)

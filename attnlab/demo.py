@@ -25,7 +25,7 @@ EXAMPLES = ["forty-two", "seven hundred twenty-one thousand three hundred ninety
             "one thousand one", "ninety-nine thousand nine hundred nineteen"]
 
 
-def run_demo(out_dir: str = "runs/demo", steps: int = 2500, time_budget: float | None = None,
+def run_demo(out_dir: str = "runs/demo", steps: int = 2000, time_budget: float | None = None,
              n_train: int = 200_000, n_test: int = 500, seed: int = 0, bf16: bool = True,
              log=print) -> dict:
     out = Path(out_dir)
@@ -72,7 +72,7 @@ def cross_attention_heatmap(model, toks, sentence: str, path: Path) -> Path:
     from attnlab.generation import greedy_decode
 
     src_tok, tgt_tok = toks["source"], toks["target"]
-    src = pad([src_tok.encode(sentence, add_eos=True)])
+    src = pad([src_tok.encode(sentence, add_eos=True)]).to(next(model.parameters()).device)
     out = greedy_decode(model, src)
     out = out[:, : int((out[0] != model.config.pad_id).sum())]
     model(src, out[:, :-1], need_weights=True)

@@ -73,7 +73,7 @@ def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelCo
     if rank == 0:
         log(f"data: {report}; vocabularies {src_tok.vocab_size} (source) and "
             f"{tgt_tok.vocab_size} (target)")
-    model = Transformer(model_config)
+    model = Transformer(model_config).to(distributed.default_device())
     batches = TranslationBatches(src, tgt, train_config.max_tokens, seed=train_config.seed)
     tokenizers = {"source": src_tok.to_dict(), "target": tgt_tok.to_dict()}
     trainer = Trainer(model, batches, train_config, out_dir, tokenizers, model_config)
@@ -95,7 +95,8 @@ def translate(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, senten
         if longest > model.config.max_len:
             raise ValueError(f"input of {longest} tokens exceeds the model's maximum length "
                              f"max_len={model.config.max_len}")
-        tokens = greedy_decode(model, pad(ids, model.config.pad_id), max_len=max_len)
+        src = pad(ids, model.config.pad_id).to(next(model.parameters()).device)
+        tokens = greedy_decode(model, src, max_len=max_len)
         out.extend(tgt_tok.decode(row.tolist()) for row in tokens)
     return out
 

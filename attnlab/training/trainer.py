@@ -93,6 +93,7 @@ class Trainer:
         self.schedule = schedule_from_dict(config.schedule)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=self.schedule(1),
                                           betas=config.betas, eps=config.eps)
+        self.device = next(model.parameters()).device
         self.train_model = distributed.wrap(model)
         if config.compile:
             self.train_model = torch.compile(self.train_model)
@@ -130,6 +131,8 @@ class Trainer:
         random.setstate((3, tuple(state["python_rng"]), None))
         self.batches.load_state_dict(state["data"])
         self.step = int(state["step"])
+        if self.rank > 0:  # only rank 0's RNG state is saved; other ranks re-seed dropout
+            torch.manual_seed(self.cfg.seed + self.rank + 7919 * self.step)
         if self.is_main and self.metrics_path.exists():  # drop rows the resumed run redoes
             rows = self.metrics_path.read_text().splitlines()
             kept = [r for r in rows if json.loads(r)["step"] <= self.step]
@@ -138,7 +141,8 @@ class Trainer:
 
     # --- one step ------------------------------------------------------------------------
     def train_step(self, data_iter) -> dict[str, float]:
-        micro = [next(data_iter) for _ in range(self.cfg.accumulate)]
+        micro = [(src.to(self.device, non_blocking=True), tgt.to(self.device, non_blocking=True))
+                 for src, tgt in (next(data_iter) for _ in range(self.cfg.accumulate))]
         pad_id = self.model_config.pad_id
         local_tokens = sum(int((tgt[:, 1:] != pad_id).sum()) for _, tgt in micro)
         global_tokens = distributed.all_reduce_sum(local_tokens)
