@@ -59,7 +59,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         print(f"  {name:<20} {count:>13,}  ({count / 1e6:.2f}M)")
 
 
-def _train_translate(args: argparse.Namespace) -> None:
+def cmd_train_translate(args: argparse.Namespace) -> None:
     from attnlab import ModelConfig
     from attnlab.training.recipes import exact_match, load_corpus, train_translation
     from attnlab.training.schedule import NoamSchedule, schedule_to_dict
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--no-progress", action="store_true", help="no progress bar")
     tt.add_argument("--no-evaluate", dest="evaluate", action="store_false",
                     help="skip the held-out exact-match evaluation")
-    tt.set_defaults(func=_train_translate)
+    tt.set_defaults(func=cmd_train_translate)
 
     avg = sub.add_parser("average", help="average the last checkpoints of a run",
                          description="Average the weights of a run's last N checkpoints (the "
