@@ -143,3 +143,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_decoder_layers=2, max_len=256,
     ),
 }
+
+# Decoder-only families (attnlab.models.GPT): the encoder layer run causally, pre-LN.
+_GPT2 = dict(
+    arch="decoder", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=0,
+    n_decoder_layers=12, dropout=0.1, max_len=1024, positional="learned", norm_eps=1e-5,
+    norm_placement="pre", activation="gelu_tanh", fused_qkv=True, scale_embeddings=False,
+    pad_id=50256, unk_id=50256, bos_id=50256, eos_id=50256,
+)
+_LLAMA = dict(  # the shape of SmolLM2-135M, a Llama-architecture model
+    arch="decoder", vocab_size=49152, d_model=576, n_heads=9, num_kv_heads=3, d_ff=1536,
+    n_encoder_layers=0, n_decoder_layers=30, dropout=0.0, max_len=8192, positional="rope",
+    rope_base=100000.0, norm="rmsnorm", norm_eps=1e-5, norm_placement="pre",
+    activation="swiglu", bias=False, scale_embeddings=False, pad_id=2, unk_id=0, bos_id=1,
+    eos_id=2,
+)
+PRESETS.update({
+    "gpt2": _GPT2,
+    "gpt-mini": {**_GPT2, "vocab_size": 256, "d_model": 128, "n_heads": 4, "d_ff": 512,
+                 "n_decoder_layers": 4, "max_len": 256, "dropout": 0.0},
+    "llama": _LLAMA,
+    "llama-mini": {**_LLAMA, "vocab_size": 256, "d_model": 128, "n_heads": 4, "num_kv_heads": 2,
+                   "d_ff": 344, "n_decoder_layers": 4, "max_len": 256, "rope_base": 10000.0},
+})

@@ -1,0 +1,67 @@
+"""Generation for decoder-only models: the prompt is run once, then one token per step.
+
+    prefill:  logits = model(prompt)              (fills the KV cache)
+    step t:   y_t ~ p(· | y_<t)  or  argmax        (only y_{t-1} goes through the model)
+
+Greedy by default; ``temperature`` > 0 samples from softmax(logits / T), optionally restricted
+to the ``top_k`` most likely tokens and to the smallest set whose probability reaches ``top_p``.
+Left-padded batches pass ``attention_mask`` (1 = real token); positions then count from each
+row's first real token, as Hugging Face does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Set to −inf every logit outside the top-k and outside the nucleus of mass ``top_p``."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass of the tokens before it already reaches top_p
+        drop = probs.cumsum(-1) - probs >= top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | None = None,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             eos_id: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """``ids (batch, prompt_len)`` -> ``(batch, prompt_len + new)``; stops early when every row
+    has produced ``eos_id``; finished rows are padded with ``eos_id``."""
+    model.eval()
+    batch, prompt_len = ids.shape
+    total = prompt_len + max_new_tokens
+    if total > model.config.max_len and model.config.positional != "alibi":
+        raise ValueError(f"prompt of {prompt_len} tokens + {max_new_tokens} new exceeds the "
+                         f"model's context max_len={model.config.max_len}")
+    cache = model.new_cache(capacity=total)
+    mask = attention_mask
+    if mask is not None:
+        mask = torch.cat([mask.bool(), mask.new_ones(batch, max_new_tokens, dtype=torch.bool)], 1)
+    out = ids
+    done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+    step_input = ids
+    for _ in range(max_new_tokens):
+        seen = cache.length + step_input.shape[1]
+        logits = model(step_input, cache=cache,
+                       attention_mask=None if mask is None else mask[:, :seen])[:, -1].float()
+        if temperature > 0:
+            probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
+            next_token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        else:
+            next_token = logits.argmax(-1)
+        if eos_id is not None:
+            next_token = next_token.masked_fill(done, eos_id)
+            done |= next_token == eos_id
+        out = torch.cat([out, next_token[:, None]], dim=1)
+        step_input = next_token[:, None]
+        if eos_id is not None and done.all():
+            break
+    return out

@@ -1,0 +1,134 @@
+"""GPT-2 and Llama as Hugging Face stores them, mapped onto attnlab's GPT."""
+
+from __future__ import annotations
+
+from attnlab.config import ModelConfig
+from attnlab.interop.huggingface import Family, register
+
+_GPT2_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+             "relu": "relu"}
+
+
+def _require(hf: dict, field: str, allowed, what: str):
+    value = hf.get(field)
+    if value not in allowed:
+        raise ValueError(f"config.json: {field}={value!r} is not supported for {what} "
+                         f"(supported: {sorted(map(str, allowed))})")
+    return value
+
+
+def gpt2_to_config(hf: dict) -> ModelConfig:
+    act = _require(hf, "activation_function", _GPT2_ACT, "gpt2")
+    d = hf["n_embd"]
+    eos = hf.get("eos_token_id", 50256)
+    return ModelConfig(
+        arch="decoder", vocab_size=hf["vocab_size"], d_model=d, n_heads=hf["n_head"],
+        d_ff=hf.get("n_inner") or 4 * d, n_encoder_layers=0, n_decoder_layers=hf["n_layer"],
+        dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
+        max_len=hf["n_positions"], positional="learned",
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), norm_placement="pre",
+        activation=_GPT2_ACT[act], fused_qkv=True, scale_embeddings=False,
+        tie_embeddings=hf.get("tie_word_embeddings", True), pad_id=eos, unk_id=eos,
+        bos_id=hf.get("bos_token_id", eos), eos_id=eos, extra={"hf_model_type": "gpt2"},
+    )
+
+
+def gpt2_from_config(c: ModelConfig) -> dict:
+    act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[c.activation]
+    return dict(vocab_size=c.vocab_size, n_embd=c.d_model, n_head=c.n_heads,
+                n_layer=c.n_decoder_layers, n_inner=c.d_ff, n_positions=c.max_len,
+                activation_function=act,
+                layer_norm_epsilon=c.norm_eps, resid_pdrop=c.dropout, embd_pdrop=c.dropout,
+                attn_pdrop=c.attention_dropout, tie_word_embeddings=c.tie_embeddings,
+                bos_token_id=c.bos_id, eos_token_id=c.eos_id)
+
+
+def gpt2_weights(c: ModelConfig):
+    b, h = "blocks.layers.{i}", "transformer.h.{i}"
+    rows = [("embed.weight", "transformer.wte.weight", False),
+            ("positional.weight", "transformer.wpe.weight", False)]
+    for ours, theirs, t in [
+        ("attn_sublayer.norm.weight", "ln_1.weight", False),
+        ("attn_sublayer.norm.bias", "ln_1.bias", False),
+        ("self_attn.qkv.weight", "attn.c_attn.weight", True),  # Conv1D: (in, out)
+        ("self_attn.qkv.bias", "attn.c_attn.bias", False),
+        ("self_attn.out_proj.weight", "attn.c_proj.weight", True),
+        ("self_attn.out_proj.bias", "attn.c_proj.bias", False),
+        ("ffn_sublayer.norm.weight", "ln_2.weight", False),
+        ("ffn_sublayer.norm.bias", "ln_2.bias", False),
+        ("ffn.w1.weight", "mlp.c_fc.weight", True), ("ffn.w1.bias", "mlp.c_fc.bias", False),
+        ("ffn.w2.weight", "mlp.c_proj.weight", True), ("ffn.w2.bias", "mlp.c_proj.bias", False),
+    ]:
+        rows.append((f"{b}.{ours}", f"{h}.{theirs}", t))
+    rows += [("blocks.norm.weight", "transformer.ln_f.weight", False),
+             ("blocks.norm.bias", "transformer.ln_f.bias", False),
+             ("lm_head.weight", "lm_head.weight", False)]
+    return rows
+
+
+def llama_to_config(hf: dict) -> ModelConfig:
+    _require(hf, "hidden_act", ("silu",), "llama")
+    rope = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", scaling.get("rope_type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"config.json: rope_type={rope_type!r} is not supported (only 'default')")
+    if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
+        raise ValueError("config.json: attention_bias and mlp_bias must agree "
+                         f"(got {hf.get('attention_bias')!r} and {hf.get('mlp_bias')!r})")
+    d, heads = hf["hidden_size"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or d // heads
+    if head_dim * heads != d:
+        raise ValueError(f"config.json: head_dim={head_dim} with {heads} heads != "
+                         f"hidden_size={d} (not supported)")
+    return ModelConfig(
+        arch="decoder", vocab_size=hf["vocab_size"], d_model=d, n_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads, d_ff=hf["intermediate_size"],
+        n_encoder_layers=0, n_decoder_layers=hf["num_hidden_layers"], dropout=0.0,
+        attention_dropout=hf.get("attention_dropout", 0.0),
+        max_len=hf.get("max_position_embeddings", 2048), positional="rope",
+        rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6), norm_placement="pre", activation="swiglu",
+        bias=bool(hf.get("attention_bias", False)), scale_embeddings=False,
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        pad_id=hf.get("pad_token_id") or 0, bos_id=hf.get("bos_token_id", 1),
+        eos_id=_first(hf.get("eos_token_id", 2)), extra={"hf_model_type": "llama"},
+    )
+
+
+def _first(value):
+    return value[0] if isinstance(value, list) else value
+
+
+def llama_from_config(c: ModelConfig) -> dict:
+    return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, num_attention_heads=c.n_heads,
+                num_key_value_heads=c.kv_heads, intermediate_size=c.d_ff,
+                num_hidden_layers=c.n_decoder_layers, max_position_embeddings=c.max_len,
+                rope_theta=c.rope_base, rms_norm_eps=c.norm_eps, hidden_act="silu",
+                attention_bias=c.bias, mlp_bias=c.bias, tie_word_embeddings=c.tie_embeddings,
+                head_dim=c.d_k, bos_token_id=c.bos_id, eos_token_id=c.eos_id,
+                pad_token_id=c.pad_id)
+
+
+def llama_weights(c: ModelConfig):
+    b, h = "blocks.layers.{i}", "model.layers.{i}"
+    pairs = [("attn_sublayer.norm.weight", "input_layernorm.weight"),
+             ("self_attn.q_proj.weight", "self_attn.q_proj.weight"),
+             ("self_attn.k_proj.weight", "self_attn.k_proj.weight"),
+             ("self_attn.v_proj.weight", "self_attn.v_proj.weight"),
+             ("self_attn.out_proj.weight", "self_attn.o_proj.weight"),
+             ("ffn_sublayer.norm.weight", "post_attention_layernorm.weight"),
+             ("ffn.w1.weight", "mlp.gate_proj.weight"), ("ffn.w3.weight", "mlp.up_proj.weight"),
+             ("ffn.w2.weight", "mlp.down_proj.weight")]
+    if c.bias:
+        pairs += [(o.replace("weight", "bias"), t.replace("weight", "bias")) for o, t in pairs
+                  if "proj" in o or "ffn.w" in o]
+    rows = [("embed.weight", "model.embed_tokens.weight", False)]
+    rows += [(f"{b}.{o}", f"{h}.{t}", False) for o, t in pairs]
+    rows += [("blocks.norm.weight", "model.norm.weight", False),
+             ("lm_head.weight", "lm_head.weight", False)]
+    return rows
+
+
+register(Family("gpt2", "GPT2LMHeadModel", gpt2_to_config, gpt2_from_config, gpt2_weights))
+register(Family("llama", "LlamaForCausalLM", llama_to_config, llama_from_config, llama_weights))

@@ -1,0 +1,142 @@
+"""Hugging Face folders (``config.json`` + ``model.safetensors``) to and from attnlab models.
+
+Each supported ``model_type`` is a :class:`Family`: how its config maps to a
+:class:`~attnlab.ModelConfig`, and a table of weight names (per layer ``{i}``) with an optional
+transpose (GPT-2 stores its projections as ``Conv1D``, i.e. ``(in, out)``). Loading reads only
+safetensors — never a pickle — and nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from attnlab.config import ModelConfig
+
+
+@dataclass
+class Family:
+    model_type: str
+    hf_class: str  # the transformers class name written to config.json "architectures"
+    to_config: Callable[[dict], ModelConfig]
+    from_config: Callable[[ModelConfig], dict]
+    weights: Callable[[ModelConfig], list[tuple[str, str, bool]]]  # (ours, theirs, transpose)
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    FAMILIES[family.model_type] = family
+    return family
+
+
+def read_hf_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not found (expected a Hugging Face model folder)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+
+
+def family_of(hf: dict, folder: Path) -> Family:
+    model_type = hf.get("model_type")
+    if model_type not in FAMILIES:
+        raise ValueError(f"{folder / 'config.json'}: model_type={model_type!r} is not supported "
+                         f"(supported: {', '.join(sorted(FAMILIES))})")
+    return FAMILIES[model_type]
+
+
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """``model.safetensors`` or the shards named by ``model.safetensors.index.json``."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    files = [single] if single.exists() else []
+    if not files and index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / s for s in shards]
+    if not files:
+        raise FileNotFoundError(f"{folder}: no model.safetensors (pickled .bin files are not "
+                                "loaded: they can run arbitrary code)")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            weights.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{f}: truncated or corrupted safetensors file ({e})") from None
+    return weights
+
+
+def _layer_rows(table, n_layers: int):
+    for ours, theirs, transpose in table:
+        if "{i}" in ours:
+            for i in range(n_layers):
+                yield ours.format(i=i), theirs.format(i=i), transpose
+        else:
+            yield ours, theirs, transpose
+
+
+def from_pretrained(path: str | os.PathLike) -> nn.Module:
+    """Load a local Hugging Face folder into the matching attnlab model (eval mode)."""
+    from attnlab.models import build_model
+
+    folder = Path(path)
+    hf = read_hf_config(folder)
+    family = family_of(hf, folder)
+    config = family.to_config(hf)
+    weights = read_hf_weights(folder)
+    model = build_model(config)
+    state: dict[str, torch.Tensor] = {}
+    for ours, theirs, transpose in _layer_rows(family.weights(config), _n_layers(config)):
+        if theirs not in weights:
+            if ours == "lm_head.weight" and config.tie_embeddings:
+                continue  # stored once, as the embedding
+            raise ValueError(f"{folder}: weight {theirs!r} missing from the checkpoint")
+        w = weights[theirs].float()
+        state[ours] = w.t().contiguous() if transpose else w
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: weights do not fit the model (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    return model.eval()
+
+
+def _n_layers(config: ModelConfig) -> int:
+    return config.n_decoder_layers or config.n_encoder_layers
+
+
+def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write a folder that ``transformers`` loads (config.json + model.safetensors)."""
+    config: ModelConfig = model.config
+    model_type = config.extra.get("hf_model_type") or _default_type(config)
+    family = FAMILIES[model_type]
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    ours_state = model.state_dict()
+    out = {}
+    for ours, theirs, transpose in _layer_rows(family.weights(config), _n_layers(config)):
+        if ours == "lm_head.weight" and config.tie_embeddings:
+            continue
+        w = ours_state[ours].detach()
+        out[theirs] = (w.t() if transpose else w).contiguous().clone()
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    hf = {"architectures": [family.hf_class], "model_type": model_type,
+          **family.from_config(config)}
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    return folder
+
+
+def _default_type(config: ModelConfig) -> str:
+    if config.arch == "decoder":
+        return "llama" if config.positional == "rope" else "gpt2"
+    raise ValueError(f"no Hugging Face family known for arch={config.arch!r}")

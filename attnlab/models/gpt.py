@@ -1,0 +1,106 @@
+"""Decoder-only language models: GPT-2 and Llama-style, from the same blocks.
+
+    h₀     = Dropout(E[ids] + P[pos])          (learned positions; RoPE adds nothing here)
+    hₗ     = EncoderLayer(hₗ₋₁, causal)          l = 1..N  (pre-LN: x + F(Norm(x)))
+    logits = Norm(h_N) · Eᵀ                      (batch, seq, vocab), tied to the embedding
+
+A GPT block is the encoder layer of the paper run with a causal mask, so this file only
+composes :mod:`attnlab.nn`. The family is chosen by the config: GPT-2 uses learned positions,
+LayerNorm, GELU (tanh) and biases; Llama uses RoPE, RMSNorm, SwiGLU, grouped-query attention
+and no biases.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.config import ModelConfig
+from attnlab.nn import DecoderCache, Encoder, TokenEmbedding, build_positional
+
+
+class GPT(nn.Module):
+    """Causal language model: ``ids (batch, seq)`` -> ``logits (batch, seq, vocab)``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.arch != "decoder":
+            raise ValueError(f"GPT needs arch='decoder', got {config.arch!r}")
+        self.config = config
+        self.embed = TokenEmbedding(config.vocab_size, config.d_model, config.scale_embeddings,
+                                    init_std=0.02)
+        self.positional = build_positional(config.positional, config.d_model, config.n_heads,
+                                           config.max_len, config.rope_base)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.blocks = Encoder(config, n_layers=config.n_decoder_layers)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._init_weights()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        """GPT-2's scheme: N(0, 0.02) for matrices, zero biases; residual output projections
+        scaled by 1/√(2N) so the residual stream's variance does not grow with depth."""
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02
+                if name.endswith(("out_proj.weight", "ffn.w2.weight")):
+                    std /= (2 * self.config.n_decoder_layers) ** 0.5
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, ids: Tensor, positions: Tensor | None = None,
+                cache: DecoderCache | None = None, attention_mask: Tensor | None = None,
+                need_weights: bool = False) -> Tensor:
+        """Next-token logits for every position.
+
+        Args:
+            ids: ``(batch, seq)`` token ids; with a ``cache``, only the new tokens.
+            positions: ``(seq,)`` or ``(batch, seq)``; default continues after the cache.
+            cache: from :meth:`new_cache`; keys/values of earlier tokens are reused.
+            attention_mask: ``(batch, total_len)`` True/1 at real tokens (left padding), where
+                total_len counts cached tokens too.
+        """
+        offset = 0 if cache is None else cache.length
+        total = offset + ids.shape[1]
+        bounded = self.config.positional in ("learned", "sinusoidal", "rope")
+        if bounded and total > self.config.max_len:
+            raise ValueError(f"sequence of {total} tokens exceeds the model's context "
+                             f"max_len={self.config.max_len}")
+        if positions is None:
+            positions = _positions(ids, offset, attention_mask)
+        x = self.embed_dropout(self.positional.embed(self.embed(ids), positions))
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.bool()[:, None, None, :]
+        h = self.blocks(x, mask=mask, is_causal=True, positional=self.positional,
+                        positions=positions, cache=cache, need_weights=need_weights)
+        return self.lm_head(h)
+
+    def save_pretrained(self, path) -> None:
+        """Write a Hugging Face folder (GPT-2 or Llama layout) that transformers loads."""
+        from attnlab.interop import save_pretrained
+
+        save_pretrained(self, path)
+
+    def new_cache(self, capacity: int = 256) -> DecoderCache:
+        return DecoderCache(len(self.blocks.layers), capacity)
+
+    def components(self) -> OrderedDict[str, list[nn.Module]]:
+        embeddings: list[nn.Module] = [self.embed, self.positional]
+        if self.lm_head.weight is not self.embed.weight:
+            embeddings.append(self.lm_head)
+        return OrderedDict([("embeddings", embeddings),
+                            ("block (one)", [self.blocks.layers[0]]),
+                            ("blocks", [self.blocks])])
+
+
+def _positions(ids: Tensor, offset: int, attention_mask: Tensor | None) -> Tensor:
+    """Absolute positions; with left padding, each row counts from its first real token."""
+    if attention_mask is None:
+        return torch.arange(offset, offset + ids.shape[1], device=ids.device)
+    counted = attention_mask.long().cumsum(-1) - 1  # (batch, total_len)
+    return counted.clamp(min=0)[:, offset:]

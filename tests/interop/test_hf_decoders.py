@@ -1,0 +1,77 @@
+"""GPT-2 and Llama: random-weight transformers models saved locally, loaded into attnlab."""
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from attnlab import from_pretrained
+from attnlab.generation import generate
+
+GPT2 = dict(vocab_size=300, n_embd=64, n_head=4, n_layer=3, n_positions=128,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+LLAMA = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=172, num_hidden_layers=3, max_position_embeddings=128,
+             rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+
+def hf_model(kind):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    with torch.no_grad():  # non-trivial norms and biases, so copying them is tested
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def pair(request, tmp_path_factory):
+    theirs = hf_model(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    theirs.save_pretrained(folder)
+    return request.param, theirs, from_pretrained(folder), folder
+
+
+def test_logits_match_transformers(pair):
+    _, theirs, ours, _ = pair
+    ids = torch.randint(0, 300, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = theirs(ids).logits
+        got = ours(ids)
+    assert (got - expected).abs().max() <= 1e-4
+
+
+def test_greedy_twenty_tokens_match_transformers(pair):
+    _, theirs, ours, _ = pair
+    prompt = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(2))
+    theirs.generation_config.eos_token_id = None  # both sides: exactly 20 tokens, no stop
+    expected = theirs.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    got = generate(ours, prompt, max_new_tokens=20)
+    assert got.tolist() == expected.tolist()
+
+
+def test_save_pretrained_round_trips_through_transformers(pair, tmp_path):
+    kind, theirs, ours, _ = pair
+    ours.save_pretrained(tmp_path)
+    cls = transformers.GPT2LMHeadModel if kind == "gpt2" else transformers.LlamaForCausalLM
+    back = cls.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (back(ids).logits - theirs(ids).logits).abs().max() <= 1e-5
+
+
+def test_unknown_architecture_names_field_and_value(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    with pytest.raises(ValueError, match="model_type='mamba' is not supported"):
+        from_pretrained(tmp_path)
+
+
+def test_prompt_longer_than_context_is_a_clear_error(pair):
+    _, _, ours, _ = pair
+    with pytest.raises(ValueError, match="exceeds the model's context max_len=128"):
+        ours(torch.zeros(1, 129, dtype=torch.long))
