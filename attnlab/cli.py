@@ -28,16 +28,21 @@ def _parse_override(text: str) -> tuple[str, object]:
 
 
 def cmd_info(args: argparse.Namespace) -> None:
-    from attnlab import ModelConfig, Transformer, parameter_breakdown
+    import torch
+
+    from attnlab import ModelConfig, build_model, parameter_breakdown
 
     overrides = dict(_parse_override(s) for s in args.set)
     config = ModelConfig.from_preset(args.preset, **overrides)
-    model = Transformer(config)
+    with torch.device("meta"):  # shapes only: no memory, no initialisation time
+        model = build_model(config)
+    layers = (f"{config.n_encoder_layers} encoder + {config.n_decoder_layers} decoder"
+              if config.arch == "encoder-decoder" else f"{config.n_decoder_layers} (causal)")
     placement = {"post": "post-LN  x ← Norm(x + Sublayer(x))",
                  "pre": "pre-LN  x ← x + Sublayer(Norm(x))"}[config.norm_placement]
     rows = [
         ("architecture", config.arch),
-        ("layers", f"{config.n_encoder_layers} encoder + {config.n_decoder_layers} decoder"),
+        ("layers", layers),
         ("d_model", config.d_model),
         ("heads", f"{config.n_heads} (kv heads {config.kv_heads})"),
         ("d_k = d_v", config.d_k),
@@ -131,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="print a preset's architecture and parameter counts",
                           description="Print a preset's architecture and parameter table.")
-    info.add_argument("--preset", default="base", help="preset name (base, big, small, tiny)")
+    info.add_argument("--preset", default="base",
+                      help="preset name (base, big, small, tiny, gpt2, gpt-mini, llama, ...)")
     info.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config field, e.g. --set positional=rope")
     info.set_defaults(func=cmd_info)

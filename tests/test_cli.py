@@ -37,3 +37,9 @@ def test_bad_input_is_one_line_exit_2(args, message):
     assert r.returncode == 2
     assert message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_info_for_decoder_only_presets():
+    r = run("info", "--preset", "gpt2")
+    assert r.returncode == 0, r.stderr
+    assert "124,439,808" in r.stdout and "12 (causal)" in r.stdout and "gelu_tanh" in r.stdout
