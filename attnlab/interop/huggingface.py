@@ -86,9 +86,14 @@ def _layer_rows(table, n_layers: int):
 
 
 def from_pretrained(path: str | os.PathLike) -> nn.Module:
-    """Load a local Hugging Face folder into the matching attnlab model (eval mode)."""
+    """Load a local Hugging Face folder (or a Llama ``.gguf`` file) into the matching attnlab
+    model, in eval mode."""
     from attnlab.models import build_model
 
+    if str(path).endswith(".gguf"):
+        from attnlab.interop.gguf import load_gguf
+
+        return load_gguf(path)[0]
     folder = Path(path)
     hf = read_hf_config(folder)
     family = family_of(hf, folder)

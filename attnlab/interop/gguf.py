@@ -1,0 +1,113 @@
+"""GGUF files (llama.cpp) into attnlab: Llama-architecture weights, dequantised, and the
+tokenizer stored in the file's metadata. Needs the ``gguf`` package.
+
+llama.cpp's converter reorders the rows of W_Q and W_K from the "rotate half" RoPE layout
+(pairs i, i + d/2; Hugging Face, attnlab) to interleaved pairs (2i, 2i + 1); loading undoes it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnlab.config import ModelConfig
+from attnlab.models import GPT
+
+_LAYER = {
+    "attn_norm": "attn_sublayer.norm.weight", "attn_q": "self_attn.q_proj.weight",
+    "attn_k": "self_attn.k_proj.weight", "attn_v": "self_attn.v_proj.weight",
+    "attn_output": "self_attn.out_proj.weight", "ffn_norm": "ffn_sublayer.norm.weight",
+    "ffn_gate": "ffn.w1.weight", "ffn_up": "ffn.w3.weight", "ffn_down": "ffn.w2.weight",
+}
+
+
+def _reader(path: Path):
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError("reading GGUF needs the 'gguf' package: pip install gguf") from None
+    if not path.exists():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    try:
+        return gguf, gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader raises several types on damaged files
+        raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Interleaved RoPE rows (llama.cpp) -> rotate-half rows, per head."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def gguf_config(reader, path: Path) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: general.architecture={arch!r} is not supported (only 'llama')")
+    p = "llama."
+    d = int(_field(reader, p + "embedding_length"))
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    names = {t.name for t in reader.tensors}
+    return ModelConfig(
+        arch="decoder", vocab_size=int(_field(reader, p + "vocab_size", len(tokens.data))),
+        d_model=d, n_heads=int(_field(reader, p + "attention.head_count")),
+        num_kv_heads=int(_field(reader, p + "attention.head_count_kv")),
+        d_ff=int(_field(reader, p + "feed_forward_length")), n_encoder_layers=0,
+        n_decoder_layers=int(_field(reader, p + "block_count")), dropout=0.0,
+        max_len=int(_field(reader, p + "context_length")), positional="rope",
+        rope_base=float(_field(reader, p + "rope.freq_base", 10000.0)), norm="rmsnorm",
+        norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
+        norm_placement="pre", activation="swiglu", bias=False, scale_embeddings=False,
+        tie_embeddings="output.weight" not in names,
+        pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)),
+        unk_id=int(_field(reader, "tokenizer.ggml.unknown_token_id", 0)),
+        bos_id=int(_field(reader, "tokenizer.ggml.bos_token_id", 1)),
+        eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id", 2)),
+        extra={"hf_model_type": "llama"},
+    )
+
+
+def load_gguf(path: str | os.PathLike):
+    """``(model, tokenizer)`` from a Llama GGUF file: weights dequantised to float32."""
+    from attnlab.tokenizers.bpe import BPETokenizer
+
+    path = Path(path)
+    gguf, reader = _reader(path)
+    config = gguf_config(reader, path)
+    state = {}
+    for t in reader.tensors:
+        w = torch.from_numpy(np.array(
+            gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        if t.name == "token_embd.weight":
+            state["embed.weight"] = w
+        elif t.name == "output_norm.weight":
+            state["blocks.norm.weight"] = w
+        elif t.name == "output.weight":
+            state["lm_head.weight"] = w
+        elif t.name.startswith("blk."):
+            _, i, kind, _ = t.name.split(".")
+            if kind == "attn_q":
+                w = _unpermute(w, config.n_heads)
+            elif kind == "attn_k":
+                w = _unpermute(w, config.kv_heads)
+            state[f"blocks.layers.{i}.{_LAYER[kind]}"] = w
+    model = GPT(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"{path}: tensors do not fit a Llama model (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    tokenizer = BPETokenizer.from_vocab_and_merges(
+        list(_field(reader, "tokenizer.ggml.tokens")),
+        list(_field(reader, "tokenizer.ggml.merges")),
+        digits=_field(reader, "tokenizer.ggml.pre") == "smollm",
+        bos_id=config.bos_id, eos_id=config.eos_id, pad_id=config.pad_id, unk_id=config.unk_id)
+    return model.eval(), tokenizer

@@ -1,0 +1,76 @@
+"""Byte-level BPE through the ``tokenizers`` library, behind attnlab's tokenizer interface.
+
+Pretrained vocabularies keep their own special ids (GPT-2's ``<|endoftext|>`` is 50256,
+SmolLM2's ``<|im_end|>`` is 2), so this tokenizer carries its ids instead of assuming
+pad=0, unk=1, bos=2, eos=3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+
+class BPETokenizer:
+    """Wraps a ``tokenizers.Tokenizer``; ``encode``/``decode``/``encode_batch``/``save``."""
+
+    kind = "bpe"
+
+    def __init__(self, backend: HFTokenizer, bos_id: int | None = None,
+                 eos_id: int | None = None, pad_id: int | None = None,
+                 unk_id: int | None = None):
+        self.backend = backend
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.pad_id = eos_id if pad_id is None else pad_id
+        self.unk_id = unk_id
+
+    @classmethod
+    def from_vocab_and_merges(cls, tokens: list[str], merges: list[str], digits: bool = False,
+                              **special_ids: int | None) -> BPETokenizer:
+        """Byte-level BPE (GPT-2 scheme) from a token list and ``"a b"`` merge lines;
+        ``digits`` splits numbers into single digits first (SmolLM's pre-tokenizer)."""
+        vocab = {t: i for i, t in enumerate(tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        backend = HFTokenizer(models.BPE(vocab, pairs))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        backend.pre_tokenizer = (pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]) if digits else byte_level)
+        backend.decoder = decoders.ByteLevel()
+        special = [t for t in tokens if t.startswith("<|") and t.endswith("|>")]
+        backend.add_special_tokens(special)
+        return cls(backend, **special_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
+
+    def encode_batch(self, texts: list[str], add_bos: bool = False,
+                     add_eos: bool = False) -> list[list[int]]:
+        return [self.encode(t, add_bos, add_eos) for t in texts]
+
+    def decode(self, ids, skip_special: bool = True) -> str:
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "tokenizer": json.loads(self.backend.to_str()),
+                "bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id,
+                "unk_id": self.unk_id}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BPETokenizer:
+        backend = HFTokenizer.from_str(json.dumps(data["tokenizer"]))
+        return cls(backend, data.get("bos_id"), data.get("eos_id"), data.get("pad_id"),
+                   data.get("unk_id"))
+
+    def save(self, path: str | os.PathLike) -> None:
+        from pathlib import Path
+
+        Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False))
