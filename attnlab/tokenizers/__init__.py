@@ -6,10 +6,11 @@ import json
 import os
 
 from attnlab.tokenizers.base import SPECIALS, Tokenizer
+from attnlab.tokenizers.bpe import BPETokenizer
 from attnlab.tokenizers.char import CharTokenizer
 from attnlab.tokenizers.word import WordTokenizer
 
-KINDS: dict[str, type[Tokenizer]] = {"char": CharTokenizer, "word": WordTokenizer}
+KINDS: dict[str, type] = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer}
 
 
 def tokenizer_from_dict(data: dict) -> Tokenizer:
@@ -31,5 +32,5 @@ def load(path: str | os.PathLike) -> Tokenizer:
     return tokenizer_from_dict(data)
 
 
-__all__ = ["Tokenizer", "CharTokenizer", "WordTokenizer", "SPECIALS", "load",
+__all__ = ["Tokenizer", "BPETokenizer", "CharTokenizer", "WordTokenizer", "SPECIALS", "load",
            "tokenizer_from_dict", "KINDS"]

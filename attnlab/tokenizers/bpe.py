@@ -44,6 +44,22 @@ class BPETokenizer:
         backend.add_special_tokens(special)
         return cls(backend, **special_ids)
 
+    @classmethod
+    def from_gpt2_files(cls, encoder_json: str | os.PathLike,
+                        vocab_bpe: str | os.PathLike) -> BPETokenizer:
+        """GPT-2's own files: ``encoder.json`` (token -> id) and ``vocab.bpe`` (merges)."""
+        try:
+            with open(encoder_json, encoding="utf-8") as f:
+                encoder = json.load(f)
+            with open(vocab_bpe, encoding="utf-8") as f:
+                merges = [line.rstrip("\n") for line in f
+                          if line.strip() and not line.startswith("#version")]
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"GPT-2 tokenizer file not found: {e.filename}") from None
+        tokens = [t for t, _ in sorted(encoder.items(), key=lambda kv: kv[1])]
+        eos = encoder.get("<|endoftext|>")
+        return cls.from_vocab_and_merges(tokens, merges, bos_id=eos, eos_id=eos)
+
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size()
