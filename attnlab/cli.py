@@ -100,6 +100,74 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
     distributed.shutdown()
 
 
+def cmd_train_lm(args: argparse.Namespace) -> None:
+    from attnlab import ModelConfig
+    from attnlab.training import distributed
+    from attnlab.training.recipes import train_lm
+    from attnlab.training.schedule import CosineSchedule, schedule_to_dict
+    from attnlab.training.trainer import TrainConfig, plot_loss_curve
+
+    overrides = dict(_parse_override(s) for s in args.set)
+    model_config = ModelConfig.from_preset(args.preset, **overrides)
+    if model_config.arch != "decoder":
+        raise UsageError(f"--preset {args.preset} is not a decoder-only model (arch="
+                         f"{model_config.arch!r}); try gpt-mini or llama-mini")
+    schedule = CosineSchedule(args.lr, args.warmup, args.steps, args.min_lr)
+    train_config = TrainConfig(
+        steps=args.steps, accumulate=args.accumulate, bf16=args.bf16, compile=args.compile,
+        seed=args.seed, save_every=args.save_every, keep_last=args.keep_last,
+        label_smoothing=0.0, schedule=schedule_to_dict(schedule), optimizer="adamw",
+        weight_decay=args.weight_decay, betas=(0.9, 0.95), eps=1e-8,
+        eval_every=args.eval_every, progress=not args.no_progress, time_budget=args.time_budget,
+    )
+    _, _, history = train_lm(args.text, args.out, model_config, train_config, args.block,
+                             args.batch, args.tokenizer, args.bpe_dir, resume=args.resume)
+    if distributed.rank_and_world()[0] == 0:
+        plot_loss_curve(Path(args.out) / "metrics.jsonl", Path(args.out) / "loss_curve.png")
+        val = [r["val_loss"] for r in history if "val_loss" in r]
+        if val:
+            print(f"validation loss {val[-1]:.4f} after {history[-1]['step']} steps")
+        print(f"checkpoints in {Path(args.out) / 'checkpoints'}")
+    distributed.shutdown()
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    import torch
+
+    from attnlab.generation import generate
+    from attnlab.interop.loading import load_for_generation
+
+    model, tok = load_for_generation(args.model)
+    ids = tok.encode(args.prompt)
+    if len(ids) + args.max_new_tokens > model.config.max_len:
+        if not args.truncate:
+            raise UsageError(f"prompt of {len(ids)} tokens + {args.max_new_tokens} new exceeds "
+                             f"the model's context of {model.config.max_len} "
+                             "(pass --truncate to keep the prompt's end)")
+        ids = ids[-(model.config.max_len - args.max_new_tokens):]
+    stops = [s.encode().decode("unicode_escape") for s in args.stop]
+    generator = torch.Generator().manual_seed(args.seed)
+    printed = ""
+
+    def stream(new_ids) -> bool:  # print what the new token adds; True stops generation
+        nonlocal printed
+        text = tok.decode(new_ids[0].tolist())
+        hit = min((text.find(s) for s in stops if s in text), default=-1)
+        if hit >= 0:
+            text = text[:hit]
+        sys.stdout.write(text[len(printed):])
+        sys.stdout.flush()
+        printed = text
+        return hit >= 0
+
+    sys.stdout.write(args.prompt)
+    eos = None if args.ignore_eos else getattr(tok, "eos_id", None)
+    generate(model, torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature,
+             top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+             eos_id=eos, generator=generator, on_token=stream)
+    sys.stdout.write("\n")
+
+
 def cmd_average(args: argparse.Namespace) -> None:
     from attnlab.training.checkpoint import write_average
 
@@ -186,6 +254,52 @@ def build_parser() -> argparse.ArgumentParser:
     avg.add_argument("--last", type=int, default=5)
     avg.add_argument("--out", help="output folder (default: RUN/final)")
     avg.set_defaults(func=cmd_average)
+
+    lm = train_sub.add_parser(
+        "lm", help="train a decoder-only language model on a text file",
+        description="Train a GPT/Llama-style model: AdamW (weight decay on matrices only), "
+                    "linear warmup + cosine decay, gradient clipping; the last 10%% of the "
+                    "text is the validation split.")
+    lm.add_argument("--text", required=True, help="a UTF-8 text file")
+    lm.add_argument("--tokenizer", choices=["char", "gpt2"], default="char")
+    lm.add_argument("--bpe-dir", help="folder with GPT-2's encoder.json and vocab.bpe")
+    lm.add_argument("--preset", default="gpt-mini", help="gpt-mini, llama-mini, gpt2, ...")
+    lm.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    lm.add_argument("--block", type=int, default=64, help="context length in tokens")
+    lm.add_argument("--batch", type=int, default=12, help="sequences per step")
+    lm.add_argument("--accumulate", type=int, default=1)
+    lm.add_argument("--steps", type=int, default=2000)
+    lm.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    lm.add_argument("--min-lr", type=float, default=1e-4)
+    lm.add_argument("--warmup", type=int, default=100)
+    lm.add_argument("--weight-decay", type=float, default=0.1)
+    lm.add_argument("--eval-every", type=int, default=500)
+    lm.add_argument("--time-budget", type=float)
+    lm.add_argument("--out", default="runs/lm")
+    lm.add_argument("--resume", action="store_true")
+    lm.add_argument("--save-every", type=int, default=500)
+    lm.add_argument("--keep-last", type=int, default=3)
+    lm.add_argument("--bf16", action="store_true")
+    lm.add_argument("--compile", action="store_true")
+    lm.add_argument("--seed", type=int, default=0)
+    lm.add_argument("--no-progress", action="store_true")
+    lm.set_defaults(func=cmd_train_lm)
+
+    gen = sub.add_parser("generate", help="generate text, streamed token by token",
+                         description="Generate from a trained run, a Hugging Face folder or a "
+                                     "GGUF file.")
+    gen.add_argument("--model", required=True, help="run/checkpoint folder, HF folder, .gguf")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=100)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--truncate", action="store_true", help="cut a too-long prompt's start")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=cmd_generate)
 
     tr = sub.add_parser("translate", help="translate with a trained model",
                         description="Translate the given sentences, or stdin line by line.")

@@ -1,6 +1,6 @@
 """attnlab.generation: decoding algorithms."""
 
-from attnlab.generation.decoder_only import filter_logits, generate
+from attnlab.generation.decoder_only import filter_logits, generate, penalise_repeats
 from attnlab.generation.greedy import greedy_decode
 
-__all__ = ["greedy_decode", "generate", "filter_logits"]
+__all__ = ["greedy_decode", "generate", "filter_logits", "penalise_repeats"]

@@ -29,12 +29,23 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
+def penalise_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """CTRL's repetition penalty: logits of tokens in ``seen (batch, n)`` are divided by
+    ``penalty`` when positive and multiplied by it when negative."""
+    picked = logits.gather(-1, seen)
+    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits.scatter(-1, seen, picked)
+
+
 @torch.no_grad()
 def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | None = None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             eos_id: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+             repetition_penalty: float = 1.0, eos_id: int | None = None,
+             generator: torch.Generator | None = None, on_token=None) -> Tensor:
     """``ids (batch, prompt_len)`` -> ``(batch, prompt_len + new)``; stops early when every row
-    has produced ``eos_id``; finished rows are padded with ``eos_id``."""
+    has produced ``eos_id``; finished rows are padded with ``eos_id``. ``on_token(new)`` is
+    called with the ``(batch, n_new)`` tokens so far after each step (streaming); returning
+    True stops generation (stop strings)."""
     model.eval()
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens
@@ -52,6 +63,8 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
         seen = cache.length + step_input.shape[1]
         logits = model(step_input, cache=cache,
                        attention_mask=None if mask is None else mask[:, :seen])[:, -1].float()
+        if repetition_penalty != 1.0:
+            logits = penalise_repeats(logits, out, repetition_penalty)
         if temperature > 0:
             probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
             next_token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -62,6 +75,8 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
             done |= next_token == eos_id
         out = torch.cat([out, next_token[:, None]], dim=1)
         step_input = next_token[:, None]
+        if on_token is not None and on_token(out[:, prompt_len:]):
+            break
         if eos_id is not None and done.all():
             break
     return out

@@ -166,12 +166,12 @@ def average_checkpoints(folders: list[Path]) -> dict[str, torch.Tensor]:
 
 def load_model_dir(path: str | os.PathLike):
     """``(model, config, tokenizers)`` from a checkpoint or run folder, in eval mode."""
-    from attnlab.models import Transformer
+    from attnlab.models import build_model
     from attnlab.tokenizers import tokenizer_from_dict
 
     folder = resolve_model_dir(path)
     config = read_config(folder)
-    model = Transformer(config)
+    model = build_model(config)
     load_weights(model, folder)
     tok_path = folder / "tokenizers.json"
     try:

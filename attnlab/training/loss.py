@@ -37,13 +37,25 @@ def smoothed_target(target: Tensor, vocab_size: int, epsilon: float, pad_id: int
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float = 0.1,
-                        pad_id: int = 0) -> LossSums:
-    """``logits (batch, seq, vocab)``, ``target (batch, seq)`` -> sums over real tokens."""
-    real = target != pad_id
-    logits, target = logits[real], target[real]  # (tokens, vocab), (tokens,)
+                        pad_id: int | None = 0) -> LossSums:
+    """``logits (batch, seq, vocab)``, ``target (batch, seq)`` -> sums over real tokens.
+
+    ``pad_id=None``: every position counts and ε spreads over all V classes (language models).
+    """
+    if pad_id is not None:
+        real = target != pad_id
+        logits, target = logits[real], target[real]  # (tokens, vocab), (tokens,)
+        n_tokens = int(real.sum())
+    else:
+        logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+        n_tokens = target.numel()
     logp = logits.float().log_softmax(dim=-1)
     nll = -logp.gather(-1, target[:, None]).squeeze(-1)
-    k = logp.shape[-1] - 1
-    uniform = -(logp.sum(-1) - logp[:, pad_id]) / k
+    if epsilon == 0.0:
+        return LossSums(nll.sum(), nll.detach().sum(), n_tokens)
+    total = logp.sum(-1)
+    if pad_id is not None:
+        total = total - logp[:, pad_id]
+    uniform = -total / (logp.shape[-1] - (pad_id is not None))
     loss = (1 - epsilon) * nll + epsilon * uniform
-    return LossSums(loss.sum(), nll.detach().sum(), int(real.sum()))
+    return LossSums(loss.sum(), nll.detach().sum(), n_tokens)

@@ -105,3 +105,54 @@ def exact_match(model, src_tok, tgt_tok, pairs) -> tuple[float, list[str]]:
     hyps = translate(model, src_tok, tgt_tok, [s for s, _ in pairs])
     correct = sum(h == t for h, (_, t) in zip(hyps, pairs, strict=True))
     return correct / max(1, len(pairs)), hyps
+
+
+def train_lm(text_path: str | Path, out_dir: str | Path, model_config: ModelConfig,
+             train_config: TrainConfig, block: int, batch_size: int, tokenizer: str = "char",
+             bpe_dir: str | None = None, val_fraction: float = 0.1, resume: bool = False,
+             log=print):
+    """Train a decoder-only LM on a text file: the first 90% trains, the last 10% validates.
+
+    Returns ``(model, tokenizer, history)``; ``history`` rows carry ``val_loss`` every
+    ``train_config.eval_every`` steps and at the last step.
+    """
+    from attnlab.data.lm import LMBatches, eval_windows
+    from attnlab.models import GPT
+    from attnlab.tokenizers.bpe import BPETokenizer
+
+    rank, _ = distributed.init_from_env()
+    if not resume and list_checkpoints(Path(out_dir) / "checkpoints"):
+        raise ValueError(f"{out_dir} already holds checkpoints: pass --resume to continue that "
+                         "run, or choose another --out")
+    path = Path(text_path)
+    if not path.exists():
+        raise FileNotFoundError(f"text file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"{path}: the text file is empty")
+    if tokenizer == "char":
+        tok = CharTokenizer.train([text])
+    elif tokenizer == "gpt2":
+        if not bpe_dir:
+            raise ValueError("--tokenizer gpt2 needs --bpe-dir holding encoder.json and vocab.bpe")
+        tok = BPETokenizer.from_gpt2_files(Path(bpe_dir) / "encoder.json",
+                                           Path(bpe_dir) / "vocab.bpe")
+    else:
+        raise ValueError(f"unknown tokenizer {tokenizer!r} (char or gpt2)")
+    ids = torch.tensor(tok.encode(text), dtype=torch.long)
+    split = int(len(ids) * (1 - val_fraction))
+    train_ids, val_ids = ids[:split], ids[split:]
+    model_config.vocab_size = tok.vocab_size
+    model_config.max_len = max(model_config.max_len, block)
+    torch.manual_seed(train_config.seed)
+    model = GPT(model_config).to(distributed.default_device())
+    if rank == 0:
+        log(f"data: {len(train_ids):,} training and {len(val_ids):,} validation tokens "
+            f"({tokenizer} tokenizer, vocabulary {tok.vocab_size})")
+    trainer = Trainer(model, LMBatches(train_ids, block, batch_size, train_config.seed),
+                      train_config, out_dir, {"text": tok.to_dict()}, model_config,
+                      val_batches=eval_windows(val_ids, block, batch_size))
+    if resume and trainer.resume() and rank == 0:
+        log(f"resumed from step {trainer.step}")
+    history = trainer.fit()
+    return model.eval(), tok, history

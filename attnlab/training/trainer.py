@@ -34,8 +34,8 @@ from attnlab.training.checkpoint import (
     load_weights,
     save_checkpoint,
 )
-from attnlab.training.loss import label_smoothed_loss
 from attnlab.training.schedule import NoamSchedule, schedule_from_dict, schedule_to_dict
+from attnlab.training.tasks import CausalLM, Seq2Seq, evaluate
 
 
 class TrainingDiverged(RuntimeError):
@@ -58,6 +58,9 @@ class TrainConfig:
     save_every: int = 500
     keep_last: int = 5
     log_every: int = 10
+    optimizer: str = "adam"  # "adamw": decoupled weight decay on matrices only
+    weight_decay: float = 0.0
+    eval_every: int = 0  # steps between validation passes (0: never)
     time_budget: float | None = None  # seconds of training, then stop cleanly
     progress: bool = True
 
@@ -77,11 +80,25 @@ def _fault_hook():
     return fault
 
 
+def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
+    """Adam (the paper) or AdamW with weight decay on matrices only: biases, norm gains and
+    embeddings' 1-D parameters are not pulled towards zero."""
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, betas=cfg.betas, eps=cfg.eps)
+    if cfg.optimizer != "adamw":
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r} (adam or adamw)")
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps)
+
+
 class Trainer:
-    """Trains an encoder–decoder on ``batches`` (a :class:`TranslationBatches`)."""
+    """Trains ``model`` on ``batches`` (e.g. :class:`TranslationBatches`, :class:`LMBatches`);
+    ``task`` says how a batch becomes a loss (default from ``model_config.arch``)."""
 
     def __init__(self, model: nn.Module, batches, config: TrainConfig, out_dir: str | Path,
-                 tokenizers: dict[str, dict], model_config):
+                 tokenizers: dict[str, dict], model_config, task=None, val_batches=None):
         self.cfg = config
         self.out_dir = Path(out_dir)
         self.rank, self.world = distributed.rank_and_world()
@@ -91,8 +108,11 @@ class Trainer:
         self.tokenizers = tokenizers
         self.batches = batches.shard(self.rank, self.world)
         self.schedule = schedule_from_dict(config.schedule)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=self.schedule(1),
-                                          betas=config.betas, eps=config.eps)
+        self.optimizer = build_optimizer(model, config, self.schedule(1))
+        if task is None:
+            task = (CausalLM(config.label_smoothing) if model_config.arch == "decoder"
+                    else Seq2Seq(model_config.pad_id, config.label_smoothing))
+        self.task, self.val_batches = task, val_batches
         self.device = next(model.parameters()).device
         self.train_model = distributed.wrap(model)
         if config.compile:
@@ -141,10 +161,9 @@ class Trainer:
 
     # --- one step ------------------------------------------------------------------------
     def train_step(self, data_iter) -> dict[str, float]:
-        micro = [(src.to(self.device, non_blocking=True), tgt.to(self.device, non_blocking=True))
-                 for src, tgt in (next(data_iter) for _ in range(self.cfg.accumulate))]
-        pad_id = self.model_config.pad_id
-        local_tokens = sum(int((tgt[:, 1:] != pad_id).sum()) for _, tgt in micro)
+        micro = [tuple(t.to(self.device, non_blocking=True) for t in next(data_iter))
+                 for _ in range(self.cfg.accumulate)]
+        local_tokens = sum(self.task.target_tokens(b) for b in micro)
         global_tokens = distributed.all_reduce_sum(local_tokens)
         # DDP averages gradients over ranks, hence × world: the result is Σ loss / N_global.
         scale = self.world / global_tokens
@@ -153,14 +172,13 @@ class Trainer:
             group["lr"] = lr
         loss_sum = nll_sum = 0.0
         src_tokens = 0
-        for src, tgt in micro:
-            with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
-                logits = self.train_model(src, tgt[:, :-1])
-            sums = label_smoothed_loss(logits, tgt[:, 1:], self.cfg.label_smoothing, pad_id)
+        for batch in micro:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+                sums = self.task.loss(self.train_model, batch)
             (sums.loss * scale).backward()
             loss_sum += sums.loss.item()
             nll_sum += sums.nll.item()
-            src_tokens += int((src != pad_id).sum())
+            src_tokens += self.task.source_tokens(batch)
         loss_sum = distributed.all_reduce_sum(loss_sum)
         nll_sum = distributed.all_reduce_sum(nll_sum)
         if not math.isfinite(loss_sum):
@@ -204,6 +222,10 @@ class Trainer:
                 elapsed = time.perf_counter() - start
                 tokens += row["src_tokens"] + row["tgt_tokens"]
                 row.update(step=self.step, time=elapsed, tokens_per_s=tokens / elapsed)
+                if self.val_batches and self.cfg.eval_every and (
+                        self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
+                    row["val_loss"] = evaluate(self.model, self.task, self.val_batches,
+                                               self.device, self.cfg.bf16)
                 history.append(row)
                 if metrics is not None:
                     metrics.write(json.dumps(row) + "\n")

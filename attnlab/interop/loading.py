@@ -1,0 +1,41 @@
+"""One entry point for "a model to generate with": an attnlab run or checkpoint folder, a
+Hugging Face folder (config.json + model.safetensors + tokenizer.json) or a GGUF file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def load_for_generation(path: str | os.PathLike):
+    """``(model, tokenizer)`` in eval mode."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {path}")
+    if path.suffix == ".gguf":
+        from attnlab.interop.gguf import load_gguf
+
+        return load_gguf(path)
+    config = path / "config.json"
+    if config.exists() and "model_type" in json.loads(config.read_text()):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        from attnlab.interop.huggingface import from_pretrained
+        from attnlab.tokenizers.bpe import BPETokenizer
+
+        model = from_pretrained(path)
+        if not (path / "tokenizer.json").exists():
+            raise FileNotFoundError(f"{path / 'tokenizer.json'}: not found (needed to encode "
+                                    "the prompt)")
+        c = model.config
+        tok = BPETokenizer(HFTokenizer.from_file(str(path / "tokenizer.json")), c.bos_id,
+                           c.eos_id, c.pad_id, c.unk_id)
+        return model, tok
+    from attnlab.training.checkpoint import load_model_dir
+
+    model, _, tokenizers = load_model_dir(path)
+    if "text" not in tokenizers:
+        raise ValueError(f"{path}: not a language model (its tokenizers are "
+                         f"{sorted(tokenizers)}); use 'attnlab translate' for translators")
+    return model, tokenizers["text"]

@@ -1,0 +1,80 @@
+"""Language-model training and generation through the CLI, on text generated here."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnlab import GPT, ModelConfig
+from attnlab.data.numbers import english
+from attnlab.training.trainer import TrainConfig, build_optimizer
+
+TRAIN = ["train", "lm", "--steps", "150", "--eval-every", "50", "--no-progress"]
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "attnlab.cli", *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "numbers.txt"
+    path.write_text("".join(f"{english(n)}.\n" for n in range(3000)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(text, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm")
+    r = cli(*TRAIN, "--text", str(text), "--out", str(out), "--save-every", "50")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_lm_learns_and_reports_validation_loss(run):
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert len(val) == 3  # steps 50, 100, 150
+    assert val[-1] < 1.0 < torch.log(torch.tensor(27.0)).item()  # far below uniform
+    assert val[0] > val[-1]
+
+
+def test_generate_streams_and_stops(run):
+    r = cli("generate", "--model", str(run), "--prompt", "forty-", "--max-new-tokens", "40",
+            "--stop", "\\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("forty-") and r.stdout.count("\n") == 1
+    long = cli("generate", "--model", str(run), "--prompt", "a" * 300)
+    assert long.returncode == 2 and "exceeds the model's context of 256" in long.stderr
+    assert "Traceback" not in long.stderr
+    cut = cli("generate", "--model", str(run), "--prompt", "a" * 300, "--truncate",
+              "--max-new-tokens", "5")
+    assert cut.returncode == 0, cut.stderr
+
+
+def test_lm_resume_after_sigkill_is_exact(run, text, tmp_path):
+    killed = cli(*TRAIN, "--text", str(text), "--out", str(tmp_path), "--save-every", "50",
+                 env={"ATTNLAB_FAULT": "kill@step:70"})
+    assert killed.returncode == -signal.SIGKILL
+    r = cli(*TRAIN, "--text", str(text), "--out", str(tmp_path), "--save-every", "50",
+            "--resume")
+    assert r.returncode == 0, r.stderr
+
+    def losses(folder):
+        return [json.loads(x)["loss"] for x in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    assert losses(tmp_path) == losses(run)
+
+
+def test_weight_decay_applies_to_matrices_only():
+    model = GPT(ModelConfig.from_preset("gpt-mini"))
+    opt = build_optimizer(model, TrainConfig(optimizer="adamw", weight_decay=0.1), 1e-3)
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decayed["params"])
+    assert all(p.dim() == 1 for p in plain["params"]) and plain["params"]
