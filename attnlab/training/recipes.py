@@ -47,6 +47,13 @@ def load_corpus(task: str | None, src: str | None, tgt: str | None, n_train: int
     return Corpus(pairs[n_test:], pairs[:n_test])
 
 
+def _refuse_to_overwrite(out_dir: str | Path, resume: bool) -> None:
+    """A fresh run must not mix its checkpoints and metrics with an earlier run's."""
+    if not resume and list_checkpoints(Path(out_dir) / "checkpoints"):
+        raise ValueError(f"{out_dir} already holds checkpoints: pass --resume to continue that "
+                         "run, or choose another --out")
+
+
 def encode_pairs(pairs, src_tok: Tokenizer, tgt_tok: Tokenizer, max_len: int):
     """Source ``... eos``, target ``bos ... eos``; pairs over ``max_len`` are dropped."""
     src = [src_tok.encode(s, add_eos=True) for s, _ in pairs]
@@ -59,9 +66,7 @@ def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelCo
                       tgt_tokenizer: str = "char", resume: bool = False, log=print):
     """Train and return ``(model, tokenizers, history)``; checkpoints go to ``out_dir``."""
     rank, _ = distributed.init_from_env()
-    if not resume and list_checkpoints(Path(out_dir) / "checkpoints"):
-        raise ValueError(f"{out_dir} already holds checkpoints: pass --resume to continue that "
-                         "run, or choose another --out")
+    _refuse_to_overwrite(out_dir, resume)
     torch.manual_seed(train_config.seed)
     src_tok = TOKENIZERS[src_tokenizer].train(s for s, _ in corpus.train)
     tgt_tok = TOKENIZERS[tgt_tokenizer].train(t for _, t in corpus.train)
@@ -121,9 +126,7 @@ def train_lm(text_path: str | Path, out_dir: str | Path, model_config: ModelConf
     from attnlab.tokenizers.bpe import BPETokenizer
 
     rank, _ = distributed.init_from_env()
-    if not resume and list_checkpoints(Path(out_dir) / "checkpoints"):
-        raise ValueError(f"{out_dir} already holds checkpoints: pass --resume to continue that "
-                         "run, or choose another --out")
+    _refuse_to_overwrite(out_dir, resume)
     path = Path(text_path)
     if not path.exists():
         raise FileNotFoundError(f"text file not found: {path}")
