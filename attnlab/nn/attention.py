@@ -58,6 +58,8 @@ def scaled_dot_product_attention(
         ``out`` ``(batch, heads, q_len, d_v)``, or ``(out, weights)`` when ``need_weights``.
     """
     q_len, k_len = q.shape[-2], k.shape[-2]
+    if is_causal and q_len == 1:
+        is_causal = False  # one query at the end of the sequence may attend every key
     if is_causal and (mask is not None or bias is not None or need_weights or q_len != k_len):
         # SDPA's own is_causal is top-left aligned and exclusive with attn_mask: spell it out.
         causal = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
@@ -81,8 +83,10 @@ _COMPOSED_MAX_SCORES = 512 * 512
 
 
 def _composed_is_faster(q: Tensor, k_len: int) -> bool:
+    # Not for one-query decoding steps: there the fused kernel reads K and V once, while the
+    # composed path would first copy them per query head under grouped-query attention.
     return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-            and q.shape[-2] * k_len <= _COMPOSED_MAX_SCORES)
+            and 1 < q.shape[-2] and q.shape[-2] * k_len <= _COMPOSED_MAX_SCORES)
 
 
 def _repeat_kv(x: Tensor, n_heads: int) -> Tensor:
