@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.nn.masks import causal_mask, combine_masks
+
 
 def scaled_dot_product_attention(
     q: Tensor,
@@ -62,14 +64,13 @@ def scaled_dot_product_attention(
         is_causal = False  # one query at the end of the sequence may attend every key
     if is_causal and (mask is not None or bias is not None or need_weights or q_len != k_len):
         # SDPA's own is_causal is top-left aligned and exclusive with attn_mask: spell it out.
-        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
-        mask = causal if mask is None else mask & causal
+        mask = combine_masks(mask, causal_mask(q_len, k_len, q.device))
         is_causal = False
     if need_weights:
         return _explicit(q, k, v, mask, bias, dropout_p)
     if _composed_is_faster(q, k_len):
         if is_causal:
-            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
+            mask = causal_mask(q_len, k_len, q.device)
         return _explicit(q, k, v, mask, bias, dropout_p)[0]
     return _fused(q, k, v, mask, bias, dropout_p, is_causal)
 
