@@ -19,6 +19,7 @@ CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("post", "pre"),
     "activation": ("relu", "gelu", "gelu_tanh", "swiglu"),
+    "head": ("none", "mlm", "pretraining", "classify", "tokens"),
 }
 
 
@@ -50,6 +51,10 @@ class ModelConfig:
     fused_qkv: bool = False
     scale_embeddings: bool = True  # × √d_model (paper, section 3.4)
     tie_embeddings: bool = True  # source = target embedding = output projection (section 3.4)
+    type_vocab_size: int = 0  # segment (token-type) embeddings, BERT's sentence A/B; 0: none
+    embedding_norm: bool = False  # LayerNorm over the summed embeddings (BERT)
+    head: str = "none"  # encoder-only task head: mlm, pretraining (mlm + nsp), classify, tokens
+    num_labels: int = 2  # classes of the classify / tokens heads
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -165,4 +170,20 @@ PRESETS.update({
     "llama": _LLAMA,
     "llama-mini": {**_LLAMA, "vocab_size": 256, "d_model": 128, "n_heads": 4, "num_kv_heads": 2,
                    "d_ff": 344, "n_decoder_layers": 4, "max_len": 256, "rope_base": 10000.0},
+})
+
+# Encoder-only (attnlab.models.BERT): post-LN, exact GELU, learned positions, segment embeddings
+# and a LayerNorm on their sum, ε = 1e-12; ids of the uncased WordPiece vocabulary.
+_BERT = dict(
+    arch="encoder", vocab_size=30522, d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=12,
+    n_decoder_layers=0, dropout=0.1, attention_dropout=0.1, max_len=512, positional="learned",
+    norm_eps=1e-12, norm_placement="post", activation="gelu", scale_embeddings=False,
+    type_vocab_size=2, embedding_norm=True, pad_id=0, unk_id=100, bos_id=101, eos_id=102,
+)
+PRESETS.update({
+    "bert-base": _BERT,
+    "bert-large": {**_BERT, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "n_encoder_layers": 24},
+    # Google's compact BERTs (Turc et al., 2019): BERT-mini is L=4, H=256; BERT-tiny L=2, H=128.
+    "bert-mini": {**_BERT, "d_model": 256, "n_heads": 4, "d_ff": 1024, "n_encoder_layers": 4},
+    "bert-tiny": {**_BERT, "d_model": 128, "n_heads": 2, "d_ff": 512, "n_encoder_layers": 2},
 })

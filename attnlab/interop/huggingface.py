@@ -25,10 +25,16 @@ from attnlab.config import ModelConfig
 @dataclass
 class Family:
     model_type: str
-    hf_class: str  # the transformers class name written to config.json "architectures"
+    # the transformers class written to config.json "architectures" (may depend on the head)
+    hf_class: str | Callable[[ModelConfig], str]
     to_config: Callable[[dict], ModelConfig]
     from_config: Callable[[ModelConfig], dict]
     weights: Callable[[ModelConfig], list[tuple[str, str, bool]]]  # (ours, theirs, transpose)
+    # other names a checkpoint may use for a weight (e.g. with or without a "bert." prefix)
+    alternatives: Callable[[str], list[str]] = lambda name: []
+
+    def class_name(self, config: ModelConfig) -> str:
+        return self.hf_class if isinstance(self.hf_class, str) else self.hf_class(config)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -100,20 +106,28 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
     config = family.to_config(hf)
     weights = read_hf_weights(folder)
     model = build_model(config)
+    tied = _tied_names(model)
     state: dict[str, torch.Tensor] = {}
     for ours, theirs, transpose in _layer_rows(family.weights(config), _n_layers(config)):
-        if theirs not in weights:
-            if ours == "lm_head.weight" and config.tie_embeddings:
+        name = next((n for n in [theirs, *family.alternatives(theirs)] if n in weights), None)
+        if name is None:
+            if ours in tied:
                 continue  # stored once, as the embedding
             raise ValueError(f"{folder}: weight {theirs!r} missing from the checkpoint")
-        w = weights[theirs].float()
+        w = weights[name].float()
         state[ours] = w.t().contiguous() if transpose else w
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings)]
+    missing = [m for m in missing if m not in tied]
     if missing or unexpected:
         raise ValueError(f"{folder}: weights do not fit the model (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     return model.eval()
+
+
+def _tied_names(model: nn.Module) -> set[str]:
+    """Parameter names that are a second name for a tensor already listed (tied weights)."""
+    first = {name for name, _ in model.named_parameters()}
+    return {name for name, _ in model.named_parameters(remove_duplicate=False)} - first
 
 
 def _n_layers(config: ModelConfig) -> int:
@@ -128,14 +142,15 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     ours_state = model.state_dict()
+    tied = _tied_names(model)
     out = {}
     for ours, theirs, transpose in _layer_rows(family.weights(config), _n_layers(config)):
-        if ours == "lm_head.weight" and config.tie_embeddings:
+        if ours in tied:
             continue
         w = ours_state[ours].detach()
         out[theirs] = (w.t() if transpose else w).contiguous().clone()
     save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    hf = {"architectures": [family.hf_class], "model_type": model_type,
+    hf = {"architectures": [family.class_name(config)], "model_type": model_type,
           **family.from_config(config)}
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     return folder
@@ -144,4 +159,6 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
 def _default_type(config: ModelConfig) -> str:
     if config.arch == "decoder":
         return "llama" if config.positional == "rope" else "gpt2"
+    if config.arch == "encoder":
+        return "bert"
     raise ValueError(f"no Hugging Face family known for arch={config.arch!r}")

@@ -5,10 +5,12 @@ from __future__ import annotations
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.models.bert import BERT, mean_pool
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
 
-FAMILIES: dict[str, type[nn.Module]] = {"encoder-decoder": Transformer, "decoder": GPT}
+FAMILIES: dict[str, type[nn.Module]] = {"encoder-decoder": Transformer, "decoder": GPT,
+                                         "encoder": BERT}
 
 
 def build_model(config: ModelConfig) -> nn.Module:
@@ -18,4 +20,4 @@ def build_model(config: ModelConfig) -> nn.Module:
     return FAMILIES[config.arch](config)
 
 
-__all__ = ["Transformer", "GPT", "build_model", "FAMILIES"]
+__all__ = ["Transformer", "GPT", "BERT", "mean_pool", "build_model", "FAMILIES"]

@@ -9,8 +9,10 @@ from attnlab.tokenizers.base import SPECIALS, Tokenizer
 from attnlab.tokenizers.bpe import BPETokenizer
 from attnlab.tokenizers.char import CharTokenizer
 from attnlab.tokenizers.word import WordTokenizer
+from attnlab.tokenizers.wordpiece import WordPieceTokenizer
 
-KINDS: dict[str, type] = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer}
+KINDS: dict[str, type] = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer,
+                         "wordpiece": WordPieceTokenizer}
 
 
 def tokenizer_from_dict(data: dict) -> Tokenizer:
@@ -32,5 +34,5 @@ def load(path: str | os.PathLike) -> Tokenizer:
     return tokenizer_from_dict(data)
 
 
-__all__ = ["Tokenizer", "BPETokenizer", "CharTokenizer", "WordTokenizer", "SPECIALS", "load",
-           "tokenizer_from_dict", "KINDS"]
+__all__ = ["Tokenizer", "BPETokenizer", "WordPieceTokenizer", "CharTokenizer", "WordTokenizer",
+           "SPECIALS", "load", "tokenizer_from_dict", "KINDS"]

@@ -1,0 +1,144 @@
+"""WordPiece (BERT's tokenizer) through the ``tokenizers`` library.
+
+Text is normalised (optionally lower-cased, accents stripped with it), split on whitespace and
+punctuation, then each word is cut greedily into the longest vocabulary pieces, later pieces
+marked ``##``: "embeddings" -> ``em ##bed ##ding ##s``. Inputs are framed as BERT expects:
+
+    single:  [CLS] A [SEP]              token types 0 … 0
+    pair:    [CLS] A [SEP] B [SEP]      token types 0 … 0 1 … 1
+
+The ids are the vocabulary's own ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103 in the
+uncased English vocabulary), so a pretrained model's embedding rows line up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+class WordPieceTokenizer:
+    """``encode`` / ``encode_pair`` / ``batch`` (padded tensors) / ``decode`` / ``save``."""
+
+    kind = "wordpiece"
+
+    def __init__(self, backend: HFTokenizer):
+        backend.no_padding()
+        backend.no_truncation()
+        self.backend = backend
+        ids = {t: backend.token_to_id(t) for t in SPECIAL}
+        missing = [t for t, i in ids.items() if i is None]
+        if missing:
+            raise ValueError(f"WordPiece vocabulary lacks the special token(s) {missing}")
+        self.pad_id, self.unk_id = ids["[PAD]"], ids["[UNK]"]
+        self.cls_id, self.sep_id, self.mask_id = ids["[CLS]"], ids["[SEP]"], ids["[MASK]"]
+        self.bos_id, self.eos_id = self.cls_id, self.sep_id
+        self.special_ids = sorted(ids.values())
+
+    # --- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_vocab(cls, tokens: list[str], lowercase: bool = True) -> WordPieceTokenizer:
+        """From a ``vocab.txt``'s tokens (one per line; the line number is the id)."""
+        backend = HFTokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)},
+                                               unk_token="[UNK]"))
+        backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece()
+        index = {t: i for i, t in enumerate(tokens)}
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])])
+        return cls(backend)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> WordPieceTokenizer:
+        """From ``tokenizer.json``, ``vocab.txt``, or a model folder holding either (its
+        ``tokenizer_config.json`` says whether to lower-case)."""
+        path = Path(path)
+        if path.is_dir():
+            for name in ("tokenizer.json", "vocab.txt"):
+                if (path / name).exists():
+                    return cls.from_file(path / name)
+            raise FileNotFoundError(f"{path}: no tokenizer.json or vocab.txt")
+        if not path.exists():
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        if path.suffix == ".json":
+            return cls(HFTokenizer.from_file(str(path)))
+        lowercase = True
+        config = path.parent / "tokenizer_config.json"
+        if config.exists():
+            lowercase = bool(json.loads(config.read_text()).get("do_lower_case", True))
+        tokens = path.read_text(encoding="utf-8").splitlines()
+        return cls.from_vocab(tokens, lowercase=lowercase)
+
+    @classmethod
+    def train(cls, files: list[str], vocab_size: int = 8000,
+              lowercase: bool = True) -> WordPieceTokenizer:
+        """Learn a WordPiece vocabulary from text files (the specials take ids 0–4)."""
+        backend = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+        backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.train([str(f) for f in files], trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False))
+        vocab = backend.get_vocab()
+        return cls.from_vocab(sorted(vocab, key=vocab.get), lowercase=lowercase)
+
+    # --- encoding --------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    def tokenize(self, text: str) -> list[str]:
+        """Pieces without the [CLS]/[SEP] frame."""
+        return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special).ids
+
+    def encode_pair(self, a: str, b: str) -> tuple[list[int], list[int]]:
+        """``[CLS] a [SEP] b [SEP]`` and its token types."""
+        enc = self.backend.encode(a, b)
+        return enc.ids, enc.type_ids
+
+    def batch(self, texts: list[str], pairs: list[str] | None = None,
+              max_len: int = 512) -> dict[str, torch.Tensor]:
+        """Right-padded ``ids``, ``token_type_ids``, ``attention_mask`` (batch, longest ≤
+        max_len); a pair is truncated longest-first, as BERT's tokenizers do."""
+        self.backend.enable_truncation(max_len)
+        try:
+            encs = (self.backend.encode_batch(texts) if pairs is None
+                    else self.backend.encode_batch(list(zip(texts, pairs, strict=True))))
+        finally:
+            self.backend.no_truncation()
+        width = max(len(e.ids) for e in encs)
+        out = {k: torch.zeros(len(encs), width, dtype=torch.long)
+               for k in ("ids", "token_type_ids", "attention_mask")}
+        out["ids"].fill_(self.pad_id)
+        for row, e in enumerate(encs):
+            n = len(e.ids)
+            out["ids"][row, :n] = torch.tensor(e.ids)
+            out["token_type_ids"][row, :n] = torch.tensor(e.type_ids)
+            out["attention_mask"][row, :n] = 1
+        return out
+
+    def decode(self, ids, skip_special: bool = True) -> str:
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    # --- persistence -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "tokenizer": json.loads(self.backend.to_str())}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WordPieceTokenizer:
+        return cls(HFTokenizer.from_str(json.dumps(data["tokenizer"])))
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False))
