@@ -36,8 +36,10 @@ def cmd_info(args: argparse.Namespace) -> None:
     config = ModelConfig.from_preset(args.preset, **overrides)
     with torch.device("meta"):  # shapes only: no memory, no initialisation time
         model = build_model(config)
-    layers = (f"{config.n_encoder_layers} encoder + {config.n_decoder_layers} decoder"
-              if config.arch == "encoder-decoder" else f"{config.n_decoder_layers} (causal)")
+    layers = {"encoder-decoder": f"{config.n_encoder_layers} encoder + "
+                                 f"{config.n_decoder_layers} decoder",
+              "decoder": f"{config.n_decoder_layers} (causal)",
+              "encoder": f"{config.n_encoder_layers} (bidirectional)"}[config.arch]
     placement = {"post": "post-LN  x ← Norm(x + Sublayer(x))",
                  "pre": "pre-LN  x ← x + Sublayer(Norm(x))"}[config.norm_placement]
     rows = [
@@ -56,6 +58,8 @@ def cmd_info(args: argparse.Namespace) -> None:
         ("tied embeddings", config.tie_embeddings),
         ("max length", config.max_len),
     ]
+    if config.arch == "encoder":
+        rows += [("segment types", config.type_vocab_size), ("head", config.head)]
     print(f"preset {args.preset}")
     for key, value in rows:
         print(f"  {key:<20} {value}")
@@ -318,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--fp32", action="store_true", help="train in float32 instead of bf16")
     demo.add_argument("--min-accuracy", type=float, help="fail (exit 2) below this")
     demo.set_defaults(func=cmd_demo)
+
+    from attnlab.cli_encoder import add_commands
+
+    add_commands(sub, train_sub)
     return parser
 
 

@@ -115,17 +115,21 @@ class BERT(nn.Module):
         return torch.tanh(self.pooler(hidden[:, 0]))
 
     def forward(self, ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None,
-                need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """The head's output (module docstring); ``(mlm, nsp)`` logits for ``pretraining``."""
+                attention_mask: Tensor | None = None, need_weights: bool = False,
+                masked_positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """The head's output (module docstring); ``(mlm, nsp)`` logits for ``pretraining``.
+
+        ``masked_positions (batch, seq)`` bool: the mlm logits only where it is True,
+        ``(n_selected, vocab)`` — pretraining predicts ~15% of positions, so the vocabulary
+        projection (the largest matmul) shrinks ~7x.
+        """
         h = self.encode(ids, token_type_ids, attention_mask, need_weights)
         head = self.config.head
         if head == "none":
             return h
-        if head == "mlm":
-            return self.mlm(h)
-        if head == "pretraining":
-            return self.mlm(h), self.nsp(self.pool(h))
+        if head in ("mlm", "pretraining"):
+            logits = self.mlm(h if masked_positions is None else h[masked_positions])
+            return logits if head == "mlm" else (logits, self.nsp(self.pool(h)))
         if head == "classify":
             return self.classifier(self.head_dropout(self.pool(h)))
         return self.classifier(self.head_dropout(h))  # tokens

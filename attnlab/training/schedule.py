@@ -5,7 +5,8 @@ The paper's schedule (section 5.3), linear warmup then inverse-square-root decay
     lr(step) = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)
 
 peaking at step = warmup with lr = factor · (d_model · warmup)^-0.5 (6.988e-4 for d_model 512,
-warmup 4000). GPT/BERT-style training uses linear warmup then cosine decay to ``min_lr``.
+warmup 4000). GPT-style training uses linear warmup then cosine decay to ``min_lr``; BERT
+uses linear warmup then linear decay to 0.
 """
 
 from __future__ import annotations
@@ -40,7 +41,23 @@ class CosineSchedule:
         return self.min_lr + 0.5 * (self.peak_lr - self.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-SCHEDULES = {"noam": NoamSchedule, "cosine": CosineSchedule}
+@dataclass
+class LinearSchedule:
+    """``peak · step / warmup`` up to ``warmup``, then linearly down to 0 at ``total_steps``."""
+
+    peak_lr: float = 1e-4
+    warmup: int = 100
+    total_steps: int = 10000
+
+    def __call__(self, step: int) -> float:
+        step = max(step, 1)
+        if step <= self.warmup:
+            return self.peak_lr * step / self.warmup
+        return self.peak_lr * max(0.0, (self.total_steps - step)
+                                  / max(1, self.total_steps - self.warmup))
+
+
+SCHEDULES = {"noam": NoamSchedule, "cosine": CosineSchedule, "linear": LinearSchedule}
 
 
 def schedule_to_dict(schedule) -> dict:

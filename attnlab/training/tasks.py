@@ -4,12 +4,16 @@ The training loop (:mod:`attnlab.training.trainer`) is the same for every family
 how a batch is fed to the model:
 
 * :class:`Seq2Seq` — ``(src, tgt)``: ``model(src, tgt[:, :-1])`` predicts ``tgt[:, 1:]``;
-* :class:`CausalLM` — ``(x, y)``: ``model(x)`` predicts ``y`` (``x`` shifted by one).
+* :class:`CausalLM` — ``(x, y)``: ``model(x)`` predicts ``y`` (``x`` shifted by one);
+* :class:`MaskedLM` — ``(ids, types, attention, labels, nsp)``: BERT predicts the selected
+  positions (``labels != -100``), plus next-sentence prediction when the model has that head;
+* :class:`Classify` — ``(ids, types, attention, labels)``: one label per sequence.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.training.loss import LossSums, label_smoothed_loss
@@ -44,6 +48,63 @@ class CausalLM:
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> LossSums:
         x, y = batch
         return label_smoothed_loss(model(x), y, self.epsilon, pad_id=None)
+
+
+class MaskedLM:
+    """Loss = mean NLL over selected positions (+ mean NSP cross-entropy when present)."""
+
+    def target_tokens(self, batch: tuple[Tensor, ...]) -> int:
+        return int((batch[3] != -100).sum())
+
+    def source_tokens(self, batch: tuple[Tensor, ...]) -> int:
+        return int(batch[2].sum())
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, ...]) -> LossSums:
+        ids, types, attention, labels, nsp = batch
+        selected = labels != -100
+        out = model(ids, types, attention, masked_positions=selected)
+        logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
+        sums = label_smoothed_loss(logits, labels[selected], 0.0, pad_id=None)
+        if nsp_logits is not None:  # scaled so that, per selected token, it adds its mean
+            sums.loss = sums.loss + F.cross_entropy(nsp_logits.float(), nsp) * sums.tokens
+        return sums
+
+
+class Classify:
+    """Cross-entropy of one label per sequence (optionally label-smoothed)."""
+
+    def __init__(self, label_smoothing: float = 0.0):
+        self.epsilon = label_smoothing
+
+    def target_tokens(self, batch: tuple[Tensor, ...]) -> int:
+        return batch[3].numel()
+
+    def source_tokens(self, batch: tuple[Tensor, ...]) -> int:
+        return int(batch[2].sum())
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, ...]) -> LossSums:
+        ids, types, attention, labels = batch
+        return label_smoothed_loss(model(ids, types, attention), labels, self.epsilon, None)
+
+
+@torch.no_grad()
+def classification_metrics(model: nn.Module, batches, device: torch.device,
+                           num_labels: int) -> dict[str, float]:
+    """Accuracy and macro-F1 (the unweighted mean over classes of 2·P·R / (P + R))."""
+    was_training = model.training
+    model.eval()
+    confusion = torch.zeros(num_labels, num_labels, dtype=torch.long)  # [true, predicted]
+    for ids, types, attention, labels in batches:
+        pred = model(ids.to(device), types.to(device), attention.to(device)).argmax(-1).cpu()
+        confusion += torch.bincount(labels * num_labels + pred,
+                                    minlength=num_labels**2).view(num_labels, num_labels)
+    model.train(was_training)
+    tp = confusion.diag().double()
+    precision = tp / confusion.sum(0).clamp(min=1)
+    recall = tp / confusion.sum(1).clamp(min=1)
+    f1 = torch.where(tp > 0, 2 * precision * recall / (precision + recall), torch.zeros_like(tp))
+    return {"accuracy": float(tp.sum() / confusion.sum().clamp(min=1)),
+            "macro_f1": float(f1.mean())}
 
 
 @torch.no_grad()

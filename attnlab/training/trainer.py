@@ -33,6 +33,7 @@ from attnlab.training.checkpoint import (
     load_trainer_state,
     load_weights,
     save_checkpoint,
+    save_model_dir,
 )
 from attnlab.training.schedule import NoamSchedule, schedule_from_dict, schedule_to_dict
 from attnlab.training.tasks import CausalLM, Seq2Seq, evaluate
@@ -61,6 +62,7 @@ class TrainConfig:
     optimizer: str = "adam"  # "adamw": decoupled weight decay on matrices only
     weight_decay: float = 0.0
     eval_every: int = 0  # steps between validation passes (0: never)
+    patience: int = 0  # stop after this many validation passes without a better loss (0: never)
     time_budget: float | None = None  # seconds of training, then stop cleanly
     progress: bool = True
 
@@ -118,6 +120,7 @@ class Trainer:
         if config.compile:
             self.train_model = torch.compile(self.train_model)
         self.step = 0
+        self.best_val, self.evals_since_best = math.inf, 0  # early stopping
         self.fault = _fault_hook()
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -131,6 +134,8 @@ class Trainer:
             "python_rng": list(random.getstate()[1]),
             "data": self.batches.state_dict(),
             "schedule": self.cfg.schedule,
+            "best_val": self.best_val,
+            "evals_since_best": self.evals_since_best,
         }
 
     def save(self) -> Path | None:
@@ -151,6 +156,8 @@ class Trainer:
         random.setstate((3, tuple(state["python_rng"]), None))
         self.batches.load_state_dict(state["data"])
         self.step = int(state["step"])
+        self.best_val = float(state.get("best_val", math.inf))
+        self.evals_since_best = int(state.get("evals_since_best", 0))
         if self.rank > 0:  # only rank 0's RNG state is saved; other ranks re-seed dropout
             torch.manual_seed(self.cfg.seed + self.rank + 7919 * self.step)
         if self.is_main and self.metrics_path.exists():  # drop rows the resumed run redoes
@@ -198,6 +205,20 @@ class Trainer:
                 "grad_norm": float(grad_norm), "tgt_tokens": global_tokens,
                 "src_tokens": distributed.all_reduce_sum(src_tokens)}
 
+    def _track_best(self, val_loss: float) -> bool:
+        """Keep the best model so far in ``out_dir/best`` (when early stopping is on); True
+        when ``patience`` validation passes in a row brought no improvement."""
+        if not self.cfg.patience:
+            return False
+        if val_loss < self.best_val:
+            self.best_val, self.evals_since_best = val_loss, 0
+            if self.is_main:
+                save_model_dir(self.out_dir / "best", self.model, self.model_config,
+                               self.tokenizers)
+        else:
+            self.evals_since_best += 1
+        return self.evals_since_best >= self.cfg.patience
+
     # --- the loop ------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
         from tqdm import tqdm
@@ -226,6 +247,9 @@ class Trainer:
                         self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
                     row["val_loss"] = evaluate(self.model, self.task, self.val_batches,
                                                self.device, self.cfg.bf16)
+                    stop_early = self._track_best(row["val_loss"])
+                else:
+                    stop_early = False
                 history.append(row)
                 if metrics is not None:
                     metrics.write(json.dumps(row) + "\n")
@@ -236,9 +260,9 @@ class Trainer:
                                     tok_s=f"{row['tokens_per_s']:.0f}")
                 budget_over = self.cfg.time_budget is not None and distributed.any_true(
                     elapsed >= self.cfg.time_budget)
-                if self.step % self.cfg.save_every == 0 or budget_over:
+                if self.step % self.cfg.save_every == 0 or budget_over or stop_early:
                     self.save()
-                if budget_over:
+                if budget_over or stop_early:
                     break
             saved = list_checkpoints(self.ckpt_dir)
             if not saved or saved[-1].name != f"step-{self.step:08d}":

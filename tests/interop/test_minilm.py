@@ -53,3 +53,16 @@ def test_bank_is_contextual_in_the_output_and_static_in_the_input(minilm):
     # and the context words really are what moved it: the same sentence gives the same vector
     _, _, again = token_vectors(minilm, "money in the bank grows")
     assert torch.allclose(again[i], ctx1[i], atol=1e-6)
+
+
+def test_embed_cli_prints_the_cosine_matrix(minilm, capsys):
+    from attnlab.cli import main
+
+    assert main(["embed", "--model", "minilm", *SENTENCES[:3]]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("[0] ")
+            and "dims" not in line]
+    vectors = embed_sentences(minilm, SENTENCES[:3])
+    expected = (vectors @ vectors.T)[0]
+    printed = [float(x) for x in rows[-1][1:]]
+    assert printed == pytest.approx(expected.tolist(), abs=1e-4)

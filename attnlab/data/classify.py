@@ -1,0 +1,136 @@
+"""Labelled texts for sequence classification: JSON lines in, a fixed split, padded batches.
+
+The split is a function of each example's id alone (SHA-1 of the id, as a number in [0, 1)),
+so it never changes when the file is reordered or grows, and no example moves between
+training and test.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Example:
+    id: str
+    text: str
+    label: str
+
+
+def read_labelled(path: str | Path, text_field: str, label_field: str,
+                  id_field: str = "id") -> list[Example]:
+    """Examples from a ``.jsonl`` or ``.jsonl.gz`` file. ``text_field`` may name several fields
+    joined by commas (``subject,body``); their values are joined with a newline. Without an
+    ``id_field`` the line number is the id."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file not found: {path}")
+    fields = [f.strip() for f in text_field.split(",") if f.strip()]
+    opener = gzip.open if path.suffix == ".gz" else open
+    examples = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+            for name in [*fields, label_field]:
+                if name not in row:
+                    raise ValueError(f"{path}:{n}: field {name!r} missing "
+                                     f"(fields: {', '.join(sorted(row))})")
+            text = "\n".join(str(row[name] or "") for name in fields)
+            examples.append(Example(str(row.get(id_field, n)), text, str(row[label_field])))
+    if not examples:
+        raise ValueError(f"{path}: no examples")
+    return examples
+
+
+def hash_fraction(key: str) -> float:
+    """A stable number in [0, 1) for ``key`` (the first 8 bytes of its SHA-1)."""
+    return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "big") / 2**64
+
+
+def split_by_hash(examples: list[Example], val: float = 0.1,
+                  test: float = 0.1) -> tuple[list[Example], list[Example], list[Example]]:
+    """``(train, validation, test)``: test where hash < test, validation where hash < test+val."""
+    parts: tuple[list[Example], list[Example], list[Example]] = ([], [], [])
+    for e in examples:
+        h = hash_fraction(e.id)
+        parts[2 if h < test else 1 if h < test + val else 0].append(e)
+    return parts
+
+
+def encode_examples(examples: list[Example], tokenizer, labels: list[str],
+                    max_len: int) -> list[tuple[list[int], int]]:
+    """``[CLS] text [SEP]`` ids cut to ``max_len`` (keeping the final [SEP]) and label index."""
+    index = {name: i for i, name in enumerate(labels)}
+    out = []
+    for e in examples:
+        if e.label not in index:
+            raise ValueError(f"example {e.id}: label {e.label!r} is not one of {labels}")
+        ids = tokenizer.encode(e.text)
+        if len(ids) > max_len:
+            ids = ids[: max_len - 1] + [tokenizer.sep_id]
+        out.append((ids, index[e.label]))
+    return out
+
+
+def collate(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[Tensor, ...]:
+    """``(ids, token_type_ids, attention_mask, labels)``, right-padded to the longest row."""
+    width = max(len(r) for r, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for i, (r, _) in enumerate(rows):
+        ids[i, : len(r)], attention[i, : len(r)] = torch.tensor(r), 1
+    return ids, torch.zeros_like(ids), attention, torch.tensor([y for _, y in rows])
+
+
+def fixed_batches(rows: list[tuple[list[int], int]], batch_size: int,
+                  pad_id: int) -> list[tuple[Tensor, ...]]:
+    """Evaluation batches in a fixed order, sorted by length so little padding is computed."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
+    return [collate([rows[i] for i in order[s : s + batch_size]], pad_id)
+            for s in range(0, len(order), batch_size)]
+
+
+class ClassifyBatches:
+    """Endless shuffled training batches: epoch e is a permutation seeded by ``(seed, e)``, so
+    batch n is known from n alone and a resumed run sees the same batches."""
+
+    def __init__(self, rows: list[tuple[list[int], int]], batch_size: int, pad_id: int,
+                 seed: int = 0):
+        self.rows, self.batch_size, self.pad_id, self.seed = rows, batch_size, pad_id, seed
+        self.per_epoch = max(1, len(rows) // batch_size)
+        self.position, self.rank, self.world = 0, 0, 1
+
+    def shard(self, rank: int, world: int) -> ClassifyBatches:
+        self.rank, self.world = rank, world
+        return self
+
+    def batch(self, n: int) -> tuple[Tensor, ...]:
+        epoch, k = divmod(n, self.per_epoch)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.rows), generator=g)
+        chosen = order[k * self.batch_size : (k + 1) * self.batch_size][self.rank :: self.world]
+        return collate([self.rows[i] for i in chosen.tolist()], self.pad_id)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        while True:
+            self.position += 1
+            yield self.batch(self.position - 1)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = int(state["position"])
