@@ -101,17 +101,20 @@ def _explicit(
 ) -> tuple[Tensor, Tensor]:
     """The equation written out; returns ``(output, weights)``."""
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (b, h, q_len, k_len)
+    # Scaling q (seq × d_k) rather than the scores (seq × seq) is the same product, cheaper.
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (b, h, q_len, k_len)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
         # The most negative finite value, not -inf: exp() of it underflows to exactly 0, and a
         # row that is masked everywhere stays finite (uniform) instead of 0/0, so neither the
         # forward nor the backward pass sees a NaN; such rows are zeroed just below.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
     if mask is not None:
-        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        empty_rows = ~mask.any(dim=-1, keepdim=True)
+        if mask.device.type != "cpu" or bool(empty_rows.any()):  # on CPU, look first: cheap
+            weights = weights.masked_fill(empty_rows, 0.0)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return weights @ v, weights
@@ -131,9 +134,14 @@ def _fused(
     attn_mask: Tensor | None = mask
     if mask is not None:
         # Kernels disagree on what a fully masked row gives (NaN on some). Let such rows attend
-        # everywhere, which is finite on every backend, and zero them afterwards.
+        # everywhere, which is finite on every backend, and zero them afterwards. On CPU we
+        # look first (no device sync to pay): usually there are none, and the zeroing pass
+        # would copy the whole output.
         empty_rows = ~mask.any(dim=-1, keepdim=True)
-        attn_mask = mask | empty_rows
+        if mask.device.type == "cpu" and not bool(empty_rows.any()):
+            empty_rows = None
+        else:
+            attn_mask = mask | empty_rows
     if bias is not None:
         bias = bias.to(q.dtype)
         attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
