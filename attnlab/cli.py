@@ -106,10 +106,9 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
 
 def cmd_train_lm(args: argparse.Namespace) -> None:
     from attnlab import ModelConfig
-    from attnlab.training import distributed
     from attnlab.training.recipes import train_lm
     from attnlab.training.schedule import CosineSchedule, schedule_to_dict
-    from attnlab.training.trainer import TrainConfig, plot_loss_curve
+    from attnlab.training.trainer import TrainConfig
 
     overrides = dict(_parse_override(s) for s in args.set)
     model_config = ModelConfig.from_preset(args.preset, **overrides)
@@ -126,12 +125,20 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     )
     _, _, history = train_lm(args.text, args.out, model_config, train_config, args.block,
                              args.batch, args.tokenizer, args.bpe_dir, resume=args.resume)
+    report_run(args.out, history, "validation loss")
+
+
+def report_run(out: str, history: list[dict], what: str) -> None:
+    """After training: the loss curve PNG, the last validation loss, where checkpoints are."""
+    from attnlab.training import distributed
+    from attnlab.training.trainer import plot_loss_curve
+
     if distributed.rank_and_world()[0] == 0:
-        plot_loss_curve(Path(args.out) / "metrics.jsonl", Path(args.out) / "loss_curve.png")
+        plot_loss_curve(Path(out) / "metrics.jsonl", Path(out) / "loss_curve.png")
         val = [r["val_loss"] for r in history if "val_loss" in r]
         if val:
-            print(f"validation loss {val[-1]:.4f} after {history[-1]['step']} steps")
-        print(f"checkpoints in {Path(args.out) / 'checkpoints'}")
+            print(f"{what} {val[-1]:.4f} after {history[-1]['step']} steps")
+        print(f"checkpoints in {Path(out) / 'checkpoints'}")
     distributed.shutdown()
 
 

@@ -25,10 +25,8 @@ def _train_config(args: argparse.Namespace, steps: int):
 
 def cmd_train_mlm(args: argparse.Namespace) -> None:
     from attnlab import ModelConfig
-    from attnlab.cli import UsageError, _parse_override
-    from attnlab.training import distributed
+    from attnlab.cli import UsageError, _parse_override, report_run
     from attnlab.training.bert_recipes import train_mlm
-    from attnlab.training.trainer import plot_loss_curve
 
     overrides = dict(_parse_override(s) for s in args.set)
     model_config = ModelConfig.from_preset(args.preset, **overrides)
@@ -38,13 +36,7 @@ def cmd_train_mlm(args: argparse.Namespace) -> None:
     _, _, history = train_mlm(args.text, args.out, model_config, _train_config(args, args.steps),
                               args.max_len, args.batch, args.tokenizer, args.vocab_size,
                               args.nsp, resume=args.resume)
-    if distributed.rank_and_world()[0] == 0:
-        plot_loss_curve(Path(args.out) / "metrics.jsonl", Path(args.out) / "loss_curve.png")
-        val = [r["val_loss"] for r in history if "val_loss" in r]
-        if val:
-            print(f"validation masked-LM loss {val[-1]:.4f} after {history[-1]['step']} steps")
-        print(f"checkpoints in {Path(args.out) / 'checkpoints'}")
-    distributed.shutdown()
+    report_run(args.out, history, "validation masked-LM loss")
 
 
 def cmd_train_classify(args: argparse.Namespace) -> None:

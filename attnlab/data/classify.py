@@ -10,12 +10,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from attnlab.data.stream import SeededBatches
 
 
 @dataclass
@@ -103,7 +104,7 @@ def fixed_batches(rows: list[tuple[list[int], int]], batch_size: int,
             for s in range(0, len(order), batch_size)]
 
 
-class ClassifyBatches:
+class ClassifyBatches(SeededBatches):
     """Endless shuffled training batches: epoch e is a permutation seeded by ``(seed, e)``, so
     batch n is known from n alone and a resumed run sees the same batches."""
 
@@ -111,11 +112,6 @@ class ClassifyBatches:
                  seed: int = 0):
         self.rows, self.batch_size, self.pad_id, self.seed = rows, batch_size, pad_id, seed
         self.per_epoch = max(1, len(rows) // batch_size)
-        self.position, self.rank, self.world = 0, 0, 1
-
-    def shard(self, rank: int, world: int) -> ClassifyBatches:
-        self.rank, self.world = rank, world
-        return self
 
     def batch(self, n: int) -> tuple[Tensor, ...]:
         epoch, k = divmod(n, self.per_epoch)
@@ -124,13 +120,4 @@ class ClassifyBatches:
         chosen = order[k * self.batch_size : (k + 1) * self.batch_size][self.rank :: self.world]
         return collate([self.rows[i] for i in chosen.tolist()], self.pad_id)
 
-    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
-        while True:
-            self.position += 1
-            yield self.batch(self.position - 1)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position = int(state["position"])

@@ -8,13 +8,13 @@ any rank of a distributed one) sees exactly the batches it would have seen.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import Tensor
 
+from attnlab.data.stream import SeededBatches
 
-class LMBatches:
+
+class LMBatches(SeededBatches):
     """Endless ``(x, y)`` batches ``(batch_size, block)`` from ``ids`` ``(n_tokens,)``."""
 
     def __init__(self, ids: Tensor, block: int, batch_size: int, seed: int = 0):
@@ -22,12 +22,6 @@ class LMBatches:
             raise ValueError(f"text of {ids.numel()} tokens is too short for windows of "
                              f"{block + 1} tokens")
         self.ids, self.block, self.batch_size, self.seed = ids, block, batch_size, seed
-        self.position = 0
-        self.rank, self.world = 0, 1
-
-    def shard(self, rank: int, world: int) -> LMBatches:
-        self.rank, self.world = rank, world
-        return self
 
     def batch(self, n: int) -> tuple[Tensor, Tensor]:
         """The global batch number ``n``, this rank's rows of it."""
@@ -36,17 +30,6 @@ class LMBatches:
                                generator=g)[self.rank :: self.world]
         windows = torch.stack([self.ids[s : s + self.block + 1] for s in starts.tolist()])
         return windows[:, :-1], windows[:, 1:]
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        while True:
-            self.position += 1  # before yielding: a checkpoint taken now points past this batch
-            yield self.batch(self.position - 1)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position = int(state["position"])
 
 
 def eval_windows(ids: Tensor, block: int, batch_size: int,

@@ -13,10 +13,10 @@ Next-sentence prediction (optional): sentence B follows A in the text half of th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import Tensor
+
+from attnlab.data.stream import SeededBatches
 
 IGNORE = -100  # label of positions without a loss (PyTorch's cross-entropy convention)
 
@@ -36,7 +36,7 @@ def mask_tokens(ids: Tensor, maskable: Tensor, mask_id: int, vocab_size: int,
     return inputs, labels
 
 
-class MLMBatches:
+class MLMBatches(SeededBatches):
     """Endless ``(ids, token_type_ids, attention_mask, labels, nsp_labels)`` batches.
 
     ``sentences``: token ids of consecutive sentences (no specials). Each row starts at a
@@ -53,11 +53,6 @@ class MLMBatches:
         self.sentences, self.tok = sentences, tokenizer
         self.max_len, self.batch_size, self.seed = max_len, batch_size, seed
         self.nsp, self.select = nsp, select
-        self.position, self.rank, self.world = 0, 0, 1
-
-    def shard(self, rank: int, world: int) -> MLMBatches:
-        self.rank, self.world = rank, world
-        return self
 
     def _take(self, start: int, budget: int) -> list[int]:
         """Sentences from ``start`` on while they fit in ``budget`` (the first is cut)."""
@@ -101,13 +96,4 @@ class MLMBatches:
         part = slice(self.rank, None, self.world)
         return inputs[part], types[part], attention[part], labels[part], nsp[part]
 
-    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
-        while True:
-            self.position += 1  # before yielding: a checkpoint taken now points past this batch
-            yield self.batch(self.position - 1)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position = int(state["position"])
