@@ -330,9 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--min-accuracy", type=float, help="fail (exit 2) below this")
     demo.set_defaults(func=cmd_demo)
 
-    from attnlab.cli_encoder import add_commands
+    from attnlab import cli_encoder, cli_explain
 
-    add_commands(sub, train_sub)
+    cli_encoder.add_commands(sub, train_sub)
+    cli_explain.add_commands(sub)
     return parser
 
 

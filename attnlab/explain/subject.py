@@ -1,0 +1,146 @@
+"""What ``attnlab explain`` follows: one sentence, one model, and the model's own run of it.
+
+A :class:`Subject` holds the sentence's pieces and ids, the embedding stages computed from the
+model's parameters, and :meth:`Subject.run_model`, which runs the model's *own* encoder forward
+pass with hooks that record every layer's input, its self-attention output, its weights and
+the layer's output. The walkthrough recomputes each stage by hand and compares with those.
+
+Encoders that can be explained: a freshly initialised ``tiny`` encoder–decoder (its encoder;
+sinusoidal positions), any BERT (``minilm``, a Hugging Face folder, an attnlab run), and an
+attnlab translation run (its encoder).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class OwnRun:
+    """Tensors recorded from the model's own forward pass, per layer (batch index dropped)."""
+
+    layer_inputs: list[Tensor] = field(default_factory=list)  # (seq, d_model)
+    attention_outputs: list[Tensor] = field(default_factory=list)  # (seq, d_model)
+    weights: list[Tensor] = field(default_factory=list)  # (heads, seq, seq)
+    layer_outputs: list[Tensor] = field(default_factory=list)  # (seq, d_model)
+
+
+@dataclass
+class Subject:
+    label: str
+    model: nn.Module
+    tokenizer: object
+    sentence: str
+    tokens: list[str]
+    ids: Tensor  # (1, seq)
+    token_embedding: Tensor  # E[ids] (· √d_model when the model scales), (seq, d_model)
+    position_embedding: Tensor  # P[pos], (seq, d_model)
+    segment_embedding: Tensor | None  # S[type] for BERT, else None
+    x0: Tensor  # the encoder's input as the model computes it, (seq, d_model)
+    x0_formula: str
+    layers: nn.ModuleList
+    positional: nn.Module
+    positions: Tensor  # (seq,)
+    mask: Tensor  # (seq, seq) boolean, True = may attend
+    _forward: object = None
+
+    def run_model(self) -> OwnRun:
+        """The model's own encoder pass with need_weights, recorded by forward hooks."""
+        run = OwnRun()
+
+        def record_layer(module, args, out) -> None:  # hooks return None: output unchanged
+            run.layer_inputs.append(args[0][0].detach())
+            run.layer_outputs.append(out[0].detach())
+            run.weights.append(module.attn_weights[0].detach())
+
+        def record_attention(module, args, out) -> None:
+            run.attention_outputs.append(out[0][0].detach())  # out = (output, weights)
+
+        hooks = []
+        for layer in self.layers:
+            hooks.append(layer.register_forward_hook(record_layer))
+            hooks.append(layer.self_attn.register_forward_hook(record_attention))
+        try:
+            with torch.no_grad():
+                self._forward()
+        finally:
+            for h in hooks:
+                h.remove()
+        return run
+
+
+def _tiny(sentences: list[str], seed: int):
+    from attnlab import ModelConfig, Transformer
+    from attnlab.tokenizers import WordTokenizer
+
+    tok = WordTokenizer.train(sentences)
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig.from_preset("tiny", vocab_size=max(tok.vocab_size, 8),
+                                                dropout=0.0))
+    return model.eval(), tok, f"tiny (freshly initialised, seed {seed}: random weights)"
+
+
+def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
+    """``(model, tokenizer, label)`` for ``--model``: None (tiny), ``minilm``, or a folder."""
+    if spec is None:
+        return _tiny(sentences, seed)
+    from attnlab.encoding import MINILM, load_encoder
+
+    if spec == MINILM or (Path(spec) / "config.json").exists() and "model_type" in (
+            Path(spec) / "config.json").read_text():
+        enc = load_encoder(spec)
+        return enc.model, enc.tokenizer, ("all-MiniLM-L6-v2 (pretrained)" if spec == MINILM
+                                          else str(spec))
+    from attnlab.training.checkpoint import load_model_dir
+
+    model, config, tokenizers = load_model_dir(spec)
+    tok = tokenizers.get("text") or tokenizers.get("source")
+    if config.arch == "decoder" or tok is None:
+        raise ValueError(f"{spec}: explain follows an encoder; arch={config.arch!r} has none")
+    return model.eval(), tok, str(spec)
+
+
+def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subject:
+    """The sentence through ``model``'s embeddings, ready for the walkthrough."""
+    from attnlab.models import BERT
+
+    with torch.no_grad():
+        if isinstance(model, BERT):
+            ids = torch.tensor([tokenizer.encode(sentence)])
+            pieces = [tokenizer.backend.id_to_token(int(i)) for i in ids[0]]
+            types = torch.zeros_like(ids)
+            positions = torch.arange(ids.shape[1])
+            seg = model.segment(types)[0] if model.segment is not None else None
+            x0 = model.embeddings(ids, types, positions)[0]
+            pos = model.positional.embed(torch.zeros(1, ids.shape[1], model.config.d_model),
+                                         positions)[0]
+            formula = "x₀ = LayerNorm(E[ids] + P[pos] + S[segment])"
+
+            def forward():
+                model.encode(ids, types, torch.ones_like(ids), need_weights=True)
+
+            layers, embed = model.encoder.layers, model.embed
+        else:  # the encoder of an encoder–decoder
+            ids = torch.tensor([tokenizer.encode(sentence, add_eos=True)])
+            pieces = [tokenizer.vocab[int(i)] for i in ids[0]]
+            positions = torch.arange(ids.shape[1])
+            pos = model.positional.embed(torch.zeros(1, ids.shape[1], model.config.d_model),
+                                         positions)[0]
+            seg = None
+            x0 = model.src_embed(ids)[0] + pos
+            formula = ("x₀ = E[ids]·√d_model + PE[pos]" if model.config.scale_embeddings
+                       else "x₀ = E[ids] + PE[pos]")
+
+            def forward():
+                model.encode(ids, need_weights=True)
+
+            layers, embed = model.encoder.layers, model.src_embed
+        tok_emb = embed(ids)[0]
+    seq = ids.shape[1]
+    return Subject(label, model, tokenizer, sentence, pieces, ids, tok_emb, pos, seg, x0, formula,
+                   layers, model.positional, positions, torch.ones(seq, seq, dtype=torch.bool),
+                   forward)
