@@ -15,10 +15,10 @@ from typing import Any
 
 CHOICES = {
     "arch": ("encoder-decoder", "decoder", "encoder"),
-    "positional": ("sinusoidal", "learned", "rope", "alibi", "none"),
+    "positional": ("sinusoidal", "sinusoidal-split", "learned", "rope", "alibi", "none"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("post", "pre"),
-    "activation": ("relu", "gelu", "gelu_tanh", "swiglu"),
+    "activation": ("relu", "gelu", "gelu_tanh", "silu", "swiglu"),
     "head": ("none", "mlm", "pretraining", "classify", "tokens"),
 }
 
@@ -51,6 +51,7 @@ class ModelConfig:
     fused_qkv: bool = False
     scale_embeddings: bool = True  # × √d_model (paper, section 3.4)
     tie_embeddings: bool = True  # source = target embedding = output projection (section 3.4)
+    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     type_vocab_size: int = 0  # segment (token-type) embeddings, BERT's sentence A/B; 0: none
     embedding_norm: bool = False  # LayerNorm over the summed embeddings (BERT)
     head: str = "none"  # encoder-only task head: mlm, pretraining (mlm + nsp), classify, tokens

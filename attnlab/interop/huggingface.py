@@ -29,7 +29,8 @@ class Family:
     hf_class: str | Callable[[ModelConfig], str]
     to_config: Callable[[dict], ModelConfig]
     from_config: Callable[[ModelConfig], dict]
-    weights: Callable[[ModelConfig], list[tuple[str, str, bool]]]  # (ours, theirs, transpose)
+    # (ours, theirs, how stored): False as is, True transposed, "row" a vector kept as (1, n)
+    weights: Callable[[ModelConfig], list[tuple[str, str, bool | str]]]
     # other names a checkpoint may use for a weight (e.g. with or without a "bert." prefix)
     alternatives: Callable[[str], list[str]] = lambda name: []
 
@@ -82,9 +83,13 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _layer_rows(table, n_layers: int):
+def _layer_rows(table, config: ModelConfig):
+    """The table with each per-layer row repeated for every layer of its stack."""
     for ours, theirs, transpose in table:
         if "{i}" in ours:
+            n_layers = (config.n_encoder_layers if ours.startswith("encoder.") else
+                        config.n_decoder_layers if ours.startswith("decoder.") else
+                        config.n_decoder_layers or config.n_encoder_layers)
             for i in range(n_layers):
                 yield ours.format(i=i), theirs.format(i=i), transpose
         else:
@@ -108,14 +113,13 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
     model = build_model(config)
     tied = _tied_names(model)
     state: dict[str, torch.Tensor] = {}
-    for ours, theirs, transpose in _layer_rows(family.weights(config), _n_layers(config)):
+    for ours, theirs, transpose in _layer_rows(family.weights(config), config):
         name = next((n for n in [theirs, *family.alternatives(theirs)] if n in weights), None)
         if name is None:
             if ours in tied:
                 continue  # stored once, as the embedding
             raise ValueError(f"{folder}: weight {theirs!r} missing from the checkpoint")
-        w = weights[name].float()
-        state[ours] = w.t().contiguous() if transpose else w
+        state[ours] = _to_ours(weights[name].float(), transpose)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if m not in tied]
     if missing or unexpected:
@@ -130,8 +134,17 @@ def _tied_names(model: nn.Module) -> set[str]:
     return {name for name, _ in model.named_parameters(remove_duplicate=False)} - first
 
 
-def _n_layers(config: ModelConfig) -> int:
-    return config.n_decoder_layers or config.n_encoder_layers
+def _to_ours(w: torch.Tensor, transform: bool | str) -> torch.Tensor:
+    """``True``: stored transposed (GPT-2's Conv1D); ``"row"``: a vector stored as (1, n)."""
+    if transform == "row":
+        return w.reshape(-1)
+    return w.t().contiguous() if transform else w
+
+
+def _to_theirs(w: torch.Tensor, transform: bool | str) -> torch.Tensor:
+    if transform == "row":
+        return w[None]
+    return w.t() if transform else w
 
 
 def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
@@ -144,11 +157,10 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
     ours_state = model.state_dict()
     tied = _tied_names(model)
     out = {}
-    for ours, theirs, transpose in _layer_rows(family.weights(config), _n_layers(config)):
+    for ours, theirs, transpose in _layer_rows(family.weights(config), config):
         if ours in tied:
             continue
-        w = ours_state[ours].detach()
-        out[theirs] = (w.t() if transpose else w).contiguous().clone()
+        out[theirs] = _to_theirs(ours_state[ours].detach(), transpose).contiguous().clone()
     save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
     hf = {"architectures": [family.class_name(config)], "model_type": model_type,
           **family.from_config(config)}
@@ -161,4 +173,6 @@ def _default_type(config: ModelConfig) -> str:
         return "llama" if config.positional == "rope" else "gpt2"
     if config.arch == "encoder":
         return "bert"
+    if config.arch == "encoder-decoder":
+        return "marian"
     raise ValueError(f"no Hugging Face family known for arch={config.arch!r}")

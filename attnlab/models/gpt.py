@@ -66,7 +66,7 @@ class GPT(nn.Module):
         """
         offset = 0 if cache is None else cache.length
         total = offset + ids.shape[1]
-        bounded = self.config.positional in ("learned", "sinusoidal", "rope")
+        bounded = self.config.positional in ("learned", "sinusoidal", "sinusoidal-split", "rope")
         if bounded and total > self.config.max_len:
             raise ValueError(f"sequence of {total} tokens exceeds the model's context "
                              f"max_len={self.config.max_len}")

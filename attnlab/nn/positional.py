@@ -51,15 +51,23 @@ class NoPositionalEncoding(PositionalEncoding):
     """No position information at all (the model is then permutation-equivariant)."""
 
 
-def sinusoidal_table(max_len: int, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same): ``(max_len, d)``."""
+def sinusoidal_table(max_len: int, d_model: int, dtype: torch.dtype = torch.float32,
+                     split: bool = False) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same): ``(max_len, d)``.
+
+    ``split``: the same features with every sine first and every cosine after them (columns
+    ``i`` and ``d/2 + i``), the layout of Marian and fairseq checkpoints.
+    """
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
     inv_freq = torch.exp(-math.log(10000.0) * two_i / d_model)
-    table = torch.zeros(max_len, d_model, dtype=torch.float64)
     angles = pos * inv_freq
-    table[:, 0::2] = torch.sin(angles)
-    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    sin, cos = torch.sin(angles), torch.cos(angles[:, : d_model // 2])
+    if split:
+        return torch.cat([sin, cos], dim=1).to(dtype)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = sin
+    table[:, 1::2] = cos
     return table.to(dtype)
 
 
@@ -70,10 +78,11 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     (sin, cos) pair by k·ω_i), which the paper gives as the reason for choosing it.
     """
 
-    def __init__(self, d_model: int, max_len: int = 5000):
+    def __init__(self, d_model: int, max_len: int = 5000, split: bool = False):
         super().__init__()
         # persistent=False: a function of (max_len, d_model), so it never goes in a checkpoint.
-        self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model, split=split),
+                             persistent=False)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.max() >= self.pe.shape[0]:
@@ -168,9 +177,10 @@ class ALiBiPositionalEncoding(PositionalEncoding):
 
 
 def build_positional(kind: str, d_model: int, n_heads: int, max_len: int, rope_base: float):
-    """One constructor for every kind: sinusoidal, learned, rope, alibi, none."""
-    if kind == "sinusoidal":
-        return SinusoidalPositionalEncoding(d_model, max_len)
+    """One constructor for every kind: sinusoidal (or sinusoidal-split: the sines first, then
+    the cosines), learned, rope, alibi, none."""
+    if kind in ("sinusoidal", "sinusoidal-split"):
+        return SinusoidalPositionalEncoding(d_model, max_len, split=kind == "sinusoidal-split")
     if kind == "learned":
         return LearnedPositionalEncoding(d_model, max_len)
     if kind == "rope":
