@@ -84,9 +84,14 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
         keep_last=args.keep_last, time_budget=args.time_budget, label_smoothing=args.smoothing,
         schedule=schedule_to_dict(schedule), progress=not args.no_progress,
     )
+    shared = None
+    if args.tokenizer:
+        from attnlab.tokenizers import BPETokenizer
+
+        shared = BPETokenizer.from_file(args.tokenizer)
     model, toks, history = train_translation(corpus, args.out, model_config, train_config,
                                              args.src_tokenizer, args.tgt_tokenizer,
-                                             resume=args.resume)
+                                             resume=args.resume, shared_tokenizer=shared)
     from attnlab.training import distributed
 
     if distributed.rank_and_world()[0] == 0:
@@ -233,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--tgt", help="target text file, line-aligned with --src")
     tt.add_argument("--src-tokenizer", choices=["word", "char"], default="word")
     tt.add_argument("--tgt-tokenizer", choices=["word", "char"], default="char")
+    tt.add_argument("--tokenizer", metavar="FILE",
+                    help="one shared BPE tokenizer.json for both sides (attnlab tokenize train)")
     tt.add_argument("--preset", default="tiny", help="model preset (default: tiny)")
     tt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a model config field")
@@ -330,10 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--min-accuracy", type=float, help="fail (exit 2) below this")
     demo.set_defaults(func=cmd_demo)
 
-    from attnlab import cli_encoder, cli_explain
+    from attnlab import cli_encoder, cli_explain, cli_translate
 
     cli_encoder.add_commands(sub, train_sub)
     cli_explain.add_commands(sub)
+    cli_translate.add_commands(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 
 class BPETokenizer:
@@ -43,6 +43,39 @@ class BPETokenizer:
         special = [t for t in tokens if t.startswith("<|") and t.endswith("|>")]
         backend.add_special_tokens(special)
         return cls(backend, **special_ids)
+
+    @classmethod
+    def train(cls, texts, vocab_size: int = 8000, min_frequency: int = 2) -> BPETokenizer:
+        """Learn a byte-level BPE vocabulary from an iterable of texts (e.g. source and target
+        sides together, for the paper's shared vocabulary). The specials take attnlab's ids:
+        <pad> 0, <unk> 1, <bos> 2, <eos> 3. Every byte is in the base alphabet, so nothing is
+        ever unknown."""
+        backend = HFTokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+            special_tokens=["<pad>", "<unk>", "<bos>", "<eos>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        backend.train_from_iterator(texts, trainer)
+        return cls(backend, bos_id=2, eos_id=3, pad_id=0, unk_id=1)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> BPETokenizer:
+        """A ``tokenizer.json`` (Hugging Face format) or one saved by :meth:`save`; special ids
+        are found by name (<pad>/<unk>/<bos>/<eos>, or GPT-2's <|endoftext|>)."""
+        try:
+            text = open(path, encoding="utf-8").read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"tokenizer file not found: {path}") from None
+        data = json.loads(text)
+        if data.get("type") == cls.kind:
+            return cls.from_dict(data)
+        backend = HFTokenizer.from_str(text)
+        find = backend.token_to_id
+        eos = find("<eos>") if find("<eos>") is not None else find("<|endoftext|>")
+        bos = find("<bos>") if find("<bos>") is not None else eos
+        return cls(backend, bos_id=bos, eos_id=eos, pad_id=find("<pad>"), unk_id=find("<unk>"))
 
     @classmethod
     def from_gpt2_files(cls, encoder_json: str | os.PathLike,
@@ -87,6 +120,11 @@ class BPETokenizer:
                    data.get("unk_id"))
 
     def save(self, path: str | os.PathLike) -> None:
+        """attnlab's JSON (the ``tokenizers`` JSON plus the special ids)."""
         from pathlib import Path
 
         Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False))
+
+    def save_hf(self, path: str | os.PathLike) -> None:
+        """The plain Hugging Face ``tokenizer.json``."""
+        self.backend.save(str(path))

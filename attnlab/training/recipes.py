@@ -63,15 +63,25 @@ def encode_pairs(pairs, src_tok: Tokenizer, tgt_tok: Tokenizer, max_len: int):
 
 def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelConfig,
                       train_config: TrainConfig, src_tokenizer: str = "word",
-                      tgt_tokenizer: str = "char", resume: bool = False, log=print):
-    """Train and return ``(model, tokenizers, history)``; checkpoints go to ``out_dir``."""
+                      tgt_tokenizer: str = "char", resume: bool = False, log=print,
+                      shared_tokenizer=None):
+    """Train and return ``(model, tokenizers, history)``; checkpoints go to ``out_dir``.
+
+    ``shared_tokenizer`` (e.g. a :class:`BPETokenizer` trained on both sides) gives the paper's
+    setup: one vocabulary, one embedding matrix for source, target and output; otherwise each
+    side gets its own word or character vocabulary, learned from the training pairs.
+    """
     rank, _ = distributed.init_from_env()
     _refuse_to_overwrite(out_dir, resume)
     torch.manual_seed(train_config.seed)
-    src_tok = TOKENIZERS[src_tokenizer].train(s for s, _ in corpus.train)
-    tgt_tok = TOKENIZERS[tgt_tokenizer].train(t for _, t in corpus.train)
-    model_config.vocab_size = src_tok.vocab_size
-    model_config.tgt_vocab_size = tgt_tok.vocab_size
+    if shared_tokenizer is not None:
+        src_tok = tgt_tok = shared_tokenizer
+        model_config.vocab_size, model_config.tgt_vocab_size = src_tok.vocab_size, None
+    else:
+        src_tok = TOKENIZERS[src_tokenizer].train(s for s, _ in corpus.train)
+        tgt_tok = TOKENIZERS[tgt_tokenizer].train(t for _, t in corpus.train)
+        model_config.vocab_size = src_tok.vocab_size
+        model_config.tgt_vocab_size = tgt_tok.vocab_size
     src, tgt, report = encode_pairs(corpus.train, src_tok, tgt_tok, model_config.max_len)
     if not src:
         raise ValueError(f"empty corpus after length filtering: {report}")
@@ -90,19 +100,29 @@ def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelCo
 
 @torch.no_grad()
 def translate(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, sentences: list[str],
-              batch_size: int = 256, max_len: int | None = None) -> list[str]:
-    """Greedy translations of ``sentences`` (batched, KV cache)."""
+              batch_size: int = 256, max_len: int | None = None, beam_size: int = 1,
+              alpha: float = 0.6) -> list[str]:
+    """Translations of ``sentences``: greedy (``beam_size=1``) or beam search with the GNMT
+    length penalty α. Sentences are batched by length (less padding), answers keep the input
+    order."""
+    from attnlab.generation import beam_search
+
     model.eval()
-    out: list[str] = []
-    for i in range(0, len(sentences), batch_size):
-        ids = [src_tok.encode(s, add_eos=True) for s in sentences[i : i + batch_size]]
-        longest = max(map(len, ids))
-        if longest > model.config.max_len:
-            raise ValueError(f"input of {longest} tokens exceeds the model's maximum length "
-                             f"max_len={model.config.max_len}")
-        src = pad(ids, model.config.pad_id).to(next(model.parameters()).device)
-        tokens = greedy_decode(model, src, max_len=max_len)
-        out.extend(tgt_tok.decode(row.tolist()) for row in tokens)
+    ids = [src_tok.encode(s, add_eos=True) for s in sentences]
+    longest = max(map(len, ids), default=0)
+    if longest > model.config.max_len:
+        raise ValueError(f"input of {longest} tokens exceeds the model's maximum length "
+                         f"max_len={model.config.max_len}")
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[str] = [""] * len(ids)
+    device = next(model.parameters()).device
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        src = pad([ids[i] for i in chunk], model.config.pad_id).to(device)
+        tokens = (greedy_decode(model, src, max_len=max_len) if beam_size == 1 else
+                  beam_search(model, src, beam_size, alpha, max_len=max_len))
+        for i, row in zip(chunk, tokens.tolist(), strict=True):
+            out[i] = tgt_tok.decode(row)
     return out
 
 

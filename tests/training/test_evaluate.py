@@ -1,0 +1,56 @@
+"""attnlab evaluate (sacreBLEU, chrF, speed) and training with a shared BPE vocabulary."""
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from attnlab.cli import main
+from attnlab.data import numbers_corpus
+from attnlab.tokenizers import BPETokenizer
+from attnlab.training.checkpoint import load_model_dir
+
+
+def test_shared_bpe_training_and_evaluate(tmp_path, capsys):
+    train, test = numbers_corpus(3000, 40, seed=0)
+    (tmp_path / "train.en").write_text("\n".join(s for s, _ in train) + "\n")
+    (tmp_path / "train.de").write_text("\n".join(t for _, t in train) + "\n")
+    (tmp_path / "test.en").write_text("\n".join(s for s, _ in test) + "\n")
+    (tmp_path / "test.de").write_text("\n".join(t for _, t in test) + "\n")
+    tok_path = tmp_path / "tokenizer.json"
+    assert main(["tokenize", "train", "--vocab-size", "300", str(tmp_path / "train.en"),
+                 str(tmp_path / "train.de"), "--out", str(tok_path)]) == 0
+    run = tmp_path / "run"
+    assert main(["train", "translate", "--src", str(tmp_path / "train.en"), "--tgt",
+                 str(tmp_path / "train.de"), "--tokenizer", str(tok_path), "--preset", "tiny",
+                 "--steps", "150", "--warmup", "50", "--lr-factor", "2", "--max-tokens",
+                 "2048", "--out", str(run), "--no-progress", "--no-evaluate"]) == 0
+    model, config, toks = load_model_dir(run)
+    assert config.tgt_vocab_size is None  # one vocabulary, one tied embedding matrix
+    assert model.src_embed.weight is model.tgt_embed.weight is model.lm_head.weight
+    assert toks["source"].encode("forty-two") == BPETokenizer.from_file(tok_path).encode(
+        "forty-two")
+    capsys.readouterr()
+
+    hyp_path = tmp_path / "hyp.de"
+    assert main(["evaluate", "--model", str(run), "--src", str(tmp_path / "test.en"), "--ref",
+                 str(tmp_path / "test.de"), "--beam", "3", "--out", str(hyp_path)]) == 0
+    out = capsys.readouterr().out
+    hyps = hyp_path.read_text().splitlines()
+    refs = [t for _, t in test]
+    assert len(hyps) == len(refs)
+    bleu, chrf = BLEU().corpus_score(hyps, [refs]), CHRF().corpus_score(hyps, [refs])
+    assert f"BLEU = {bleu.score:.2f}" in out  # the printed score is sacreBLEU's on these
+    assert f"chrF = {chrf.score:.2f}" in out
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
+    assert "sentences/s" in out and "beam 3" in out
+    assert chrf.score > 20  # 150 steps already produce German number words
+
+
+def test_evaluate_rejects_misaligned_files(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path / "run"), "--steps", "5", "--n-train", "500",
+                 "--n-test", "5"]) == 0
+    (tmp_path / "a").write_text("one\ntwo\n")
+    (tmp_path / "b").write_text("eins\n")
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(tmp_path / "run"), "--src", str(tmp_path / "a"),
+                 "--ref", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "has 2 lines but" in err and len(err.strip().splitlines()) == 1
