@@ -1,8 +1,8 @@
 """Labelled texts for sequence classification: JSON lines in, a fixed split, padded batches.
 
 The split is a function of each example's id alone (SHA-1 of the id, as a number in [0, 1)),
-so it never changes when the file is reordered or grows, and no example moves between
-training and test.
+so, given an id field, it never changes when the file is reordered or grows, and no example
+moves between training and test. (Without one, the line number stands in as the id.)
 """
 
 from __future__ import annotations

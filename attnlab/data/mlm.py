@@ -54,27 +54,27 @@ class MLMBatches(SeededBatches):
         self.max_len, self.batch_size, self.seed = max_len, batch_size, seed
         self.nsp, self.select = nsp, select
 
-    def _take(self, start: int, budget: int) -> list[int]:
-        """Sentences from ``start`` on while they fit in ``budget`` (the first is cut)."""
+    def _take(self, start: int, budget: int) -> tuple[list[int], int]:
+        """Sentences from ``start`` on while they fit in ``budget`` (the first is cut), and the
+        index of the sentence after the last one taken."""
         out: list[int] = []
         i = start
         while i < len(self.sentences) and (not out or len(out) + len(self.sentences[i]) <= budget):
             out += self.sentences[i]
             i += 1
-        return out[:budget]
+        return out[:budget], i
 
     def _row(self, g: torch.Generator) -> tuple[list[int], list[int], int]:
         n = len(self.sentences)
         start = int(torch.randint(n, (1,), generator=g))
         tok = self.tok
         if not self.nsp:
-            a = self._take(start, self.max_len - 2)
+            a, _ = self._take(start, self.max_len - 2)
             return [tok.cls_id, *a, tok.sep_id], [0] * (len(a) + 2), 0
-        budget = (self.max_len - 3) // 2
-        a = self._take(start, budget)
-        follows = start + 1 < n and bool(torch.rand((), generator=g) < 0.5)
-        b_start = start + 1 if follows else int(torch.randint(n, (1,), generator=g))
-        b = self._take(b_start, self.max_len - 3 - len(a))
+        a, after_a = self._take(start, (self.max_len - 3) // 2)
+        follows = after_a < n and bool(torch.rand((), generator=g) < 0.5)
+        b_start = after_a if follows else int(torch.randint(n, (1,), generator=g))
+        b, _ = self._take(b_start, self.max_len - 3 - len(a))
         ids = [tok.cls_id, *a, tok.sep_id, *b, tok.sep_id]
         return ids, [0] * (len(a) + 2) + [1] * (len(b) + 1), 0 if follows else 1
 

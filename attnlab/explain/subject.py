@@ -115,9 +115,15 @@ def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subj
             types = torch.zeros_like(ids)
             positions = torch.arange(ids.shape[1])
             seg = model.segment(types)[0] if model.segment is not None else None
-            x0 = model.embeddings(ids, types, positions)[0]
             pos = model.positional.embed(torch.zeros(1, ids.shape[1], model.config.d_model),
                                          positions)[0]
+            summed = model.embed(ids)[0] + pos + (0 if seg is None else seg)
+            norm = model.embed_norm  # LayerNorm written out: γ ⊙ (x − μ) / √(σ² + ε) + β
+            x0 = summed
+            if isinstance(norm, nn.LayerNorm):
+                mu = summed.mean(-1, keepdim=True)
+                var = summed.var(-1, unbiased=False, keepdim=True)
+                x0 = (summed - mu) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
             formula = "x₀ = LayerNorm(E[ids] + P[pos] + S[segment])"
 
             def forward():

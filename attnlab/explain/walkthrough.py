@@ -212,6 +212,8 @@ def _activate(name: str, x: Tensor) -> Tensor:
         return x.clamp(min=0)
     if name == "gelu":  # x · Φ(x), Φ the standard normal CDF
         return x * 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+    if name == "silu":  # x · σ(x)
+        return x * torch.sigmoid(x)
     if name == "gelu_tanh":
         return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     raise ValueError(f"unknown activation {name!r}")

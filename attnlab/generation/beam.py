@@ -16,7 +16,9 @@ generated tokens (eos included):
     gnmt     score = log P(Y) / ((5 + |Y|) / 6)^α      (Wu et al., 2016; used by the paper)
     average  score = log P(Y) / |Y|^α                  (transformers' ``length_penalty``)
 
-With ``k = 1`` this is greedy decoding, token for token.
+With ``k = 1`` this is greedy decoding, token for token. Neither search ever emits the pad token.
+To reproduce transformers' ``generate(num_beams=k)`` use ``penalty="average"`` and theirs with
+``early_stopping=True`` (their default stops on a heuristic instead) and no forced eos.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def beam_search(model: Transformer, src_ids: Tensor, beam_size: int = 4, alpha: 
     cache = model.new_cache(capacity=max_len)
     for length in range(1, max_len):  # ``length`` tokens generated after this step
         logits = model.decode(tokens[:, -1:], memory, src_mask, cache=cache)[:, -1]
+        logits[:, cfg.pad_id] = float("-inf")  # padding is never a word of the output
         logp = logits.float().log_softmax(-1)  # (batch·k, V)
         vocab = logp.shape[-1]
         total = (running.view(-1, 1) + logp).view(batch, k * vocab)
@@ -99,10 +102,7 @@ def beam_search(model: Transformer, src_ids: Tensor, beam_size: int = 4, alpha: 
 
     best = finished_scores.argmax(dim=1)
     out = finished_tokens[torch.arange(batch, device=device), best]
-    width = int((out != cfg.pad_id).sum(1).max()) if cfg.pad_id != cfg.bos_id else None
-    if width is None:  # bos is the pad id (Marian): measure up to the first eos instead
-        is_eos = (out == cfg.eos_id).int()
-        ends_at = torch.where(is_eos.any(1), is_eos.argmax(1), out.shape[1] - 1)
-        width = int(ends_at.max()) + 1
-    out = out[:, :width]
+    is_eos = (out[:, 1:] == cfg.eos_id).int()  # the width: up to the longest hypothesis' eos
+    ends_at = torch.where(is_eos.any(1), is_eos.argmax(1) + 1, torch.full_like(best, max_len - 1))
+    out = out[:, : int(ends_at.max()) + 1]
     return (out, finished_scores.gather(1, best[:, None])[:, 0]) if return_scores else out

@@ -34,12 +34,14 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
     done = torch.zeros(batch, dtype=torch.bool, device=src_ids.device)
     cache = model.new_cache(capacity=max_len) if use_cache else None
     all_logits = []
+    pad_column = torch.zeros(cfg.target_vocab_size, dtype=torch.bool, device=src_ids.device)
+    pad_column[cfg.pad_id] = True  # padding is never a word of the output
     for _ in range(max_len - 1):
         step_input = tokens[:, -1:] if use_cache else tokens
         logits = model.decode(step_input, memory, src_mask, cache=cache)[:, -1]
         if return_logits:
             all_logits.append(logits)
-        next_token = logits.argmax(-1)
+        next_token = logits.masked_fill(pad_column, float("-inf")).argmax(-1)
         next_token = next_token.masked_fill(done, cfg.pad_id)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         done |= next_token == cfg.eos_id

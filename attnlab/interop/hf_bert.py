@@ -12,7 +12,7 @@ from attnlab.config import ModelConfig
 from attnlab.interop.huggingface import Family, register
 
 _ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-        "relu": "relu"}
+        "relu": "relu", "silu": "silu", "swish": "silu"}
 _CLASSES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForPreTraining": "pretraining",
             "BertForSequenceClassification": "classify", "BertForTokenClassification": "tokens"}
 _HEADS = {head: cls for cls, head in _CLASSES.items()}
@@ -52,7 +52,10 @@ def bert_to_config(hf: dict) -> ModelConfig:
 
 
 def bert_from_config(c: ModelConfig) -> dict:
-    act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[c.activation]
+    acts = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+    if c.activation not in acts:
+        raise ValueError(f"activation={c.activation!r} has no BertModel equivalent")
+    act = acts[c.activation]
     labels = c.extra.get("labels") or [f"LABEL_{i}" for i in range(c.num_labels)]
     return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, num_attention_heads=c.n_heads,
                 intermediate_size=c.d_ff, num_hidden_layers=c.n_encoder_layers,
@@ -107,7 +110,15 @@ def bert_weights(c: ModelConfig):
 
 
 def _with_or_without_prefix(name: str) -> list[str]:
-    return [name.removeprefix("bert.")] if name.startswith("bert.") else [f"bert.{name}"]
+    """Other spellings of a weight's name: with or without the ``bert.`` prefix, and the
+    TensorFlow-era ``LayerNorm.gamma`` / ``LayerNorm.beta`` of older checkpoints."""
+    names = [name.removeprefix("bert.") if name.startswith("bert.") else f"bert.{name}"]
+    if "LayerNorm." in name:
+        old = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
+                                                                           "LayerNorm.beta")
+        names += [old, *([old.removeprefix("bert.")] if old.startswith("bert.")
+                         else [f"bert.{old}"])]
+    return names
 
 
 register(Family("bert", bert_class, bert_to_config, bert_from_config, bert_weights,

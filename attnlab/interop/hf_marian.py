@@ -65,7 +65,8 @@ def marian_from_config(c: ModelConfig) -> dict:
                 activation_function=act[c.activation], max_position_embeddings=c.max_len,
                 scale_embedding=c.scale_embeddings, share_encoder_decoder_embeddings=True,
                 tie_word_embeddings=True, pad_token_id=c.pad_id, eos_token_id=c.eos_id,
-                decoder_start_token_id=c.bos_id, forced_eos_token_id=c.eos_id)
+                decoder_start_token_id=c.bos_id, bad_words_ids=[[c.pad_id]],
+                forced_eos_token_id=None)  # as attnlab decodes: never pad, no forced eos
 
 
 def marian_weights(c: ModelConfig):

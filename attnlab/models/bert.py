@@ -52,6 +52,8 @@ class BERT(nn.Module):
         super().__init__()
         if config.arch != "encoder":
             raise ValueError(f"BERT needs arch='encoder', got {config.arch!r}")
+        if config.activation == "swiglu":
+            raise ValueError("config field activation='swiglu' is not supported by BERT")
         self.config = config
         d = config.d_model
         self.embed = TokenEmbedding(config.vocab_size, d, config.scale_embeddings, init_std=0.02)

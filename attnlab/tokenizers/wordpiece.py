@@ -47,6 +47,9 @@ class WordPieceTokenizer:
     @classmethod
     def from_vocab(cls, tokens: list[str], lowercase: bool = True) -> WordPieceTokenizer:
         """From a ``vocab.txt``'s tokens (one per line; the line number is the id)."""
+        missing = [t for t in SPECIAL if t not in tokens]
+        if missing:
+            raise ValueError(f"WordPiece vocabulary lacks the special token(s) {missing}")
         backend = HFTokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)},
                                                unk_token="[UNK]"))
         backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
@@ -56,6 +59,8 @@ class WordPieceTokenizer:
         backend.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])])
+        # specials are matched whole in text ("[MASK]" -> 103) and skipped when decoding
+        backend.add_special_tokens(SPECIAL)
         return cls(backend)
 
     @classmethod
@@ -71,7 +76,10 @@ class WordPieceTokenizer:
         if not path.exists():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
         if path.suffix == ".json":
-            return cls(HFTokenizer.from_file(str(path)))
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("type") == cls.kind:  # attnlab's own save()
+                return cls.from_dict(data)
+            return cls(HFTokenizer.from_str(json.dumps(data)))
         lowercase = True
         config = path.parent / "tokenizer_config.json"
         if config.exists():

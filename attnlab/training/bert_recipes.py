@@ -51,7 +51,7 @@ def train_mlm(text_path: str | Path, out_dir: str | Path, model_config: ModelCon
     tok = (WordPieceTokenizer.from_file(tokenizer) if tokenizer
            else WordPieceTokenizer.train([str(path)], vocab_size=vocab_size))
     sentences = [tok.encode(line, add_special=False) for line in lines]
-    split = int(len(sentences) * (1 - val_fraction))
+    split = min(int(len(sentences) * (1 - val_fraction)), len(sentences) - 2)
     config = dataclasses.replace(
         model_config, vocab_size=tok.vocab_size, head="pretraining" if nsp else "mlm",
         max_len=max(model_config.max_len, max_len), pad_id=tok.pad_id, unk_id=tok.unk_id,
@@ -103,9 +103,9 @@ def train_classify(data: str | Path, text_field: str, label_field: str, init: st
     _refuse_to_overwrite(out_dir, resume)
     examples = read_labelled(data, text_field, label_field, id_field)
     train, val, test = split_by_hash(examples)
-    labels = sorted({e.label for e in train})
-    if len(labels) < 2:
-        raise ValueError(f"{data}: the training split has {len(labels)} label(s); need >= 2")
+    labels = sorted({e.label for e in examples})
+    if len({e.label for e in train}) < 2:
+        raise ValueError(f"{data}: the training split has fewer than 2 labels")
     model, tok, model_max = classifier_from(init, labels)
     max_len = min(max_len, model_max)
     device = distributed.default_device()

@@ -43,11 +43,13 @@ def test_nsp_pairs_framing_and_labels(tmp_path):
     # sentence k is the three words w(3k), w(3k+1), w(3k+2): "next" is checkable from ids
     sentences = [tok.encode(f"w{3 * k} w{3 * k + 1} w{3 * k + 2}", add_special=False)
                  for k in range(60)]
-    batches = MLMBatches(sentences, tok, max_len=11, batch_size=400, seed=3, nsp=True,
+    # max_len 17: A may hold two sentences (budget 7), so "B follows A" must start after A's
+    # last sentence, not after its first
+    batches = MLMBatches(sentences, tok, max_len=17, batch_size=400, seed=3, nsp=True,
                          select=0.0)  # no masking: the text itself is checked
     ids, types, attention, labels, nsp = batches.batch(0)
     assert (labels == IGNORE).all()
-    follows = 0
+    follows = two_sentence_a = 0
     for row, t, a, is_random in zip(ids, types, attention, nsp, strict=True):
         real = row[a.bool()].tolist()
         seps = [i for i, x in enumerate(real) if x == tok.sep_id]
@@ -57,7 +59,9 @@ def test_nsp_pairs_framing_and_labels(tmp_path):
         if int(is_random) == 0:  # B continues A: the next sentence's first word
             assert first_b == last_a + 1
             follows += 1
+            two_sentence_a += seps[0] - 1 == 6
     assert abs(follows / len(ids) - 0.5) < 0.08
+    assert two_sentence_a > 50  # the multi-sentence case is exercised
 
 
 def test_batches_are_reproducible_and_resume_where_they_left_off(tmp_path):

@@ -132,3 +132,19 @@ def test_unknown_architecture_is_named(tmp_path):
         '"intermediate_size": 16, "num_hidden_layers": 1}')
     with pytest.raises(ValueError, match="architectures='BertForQuestionAnswering'"):
         from_pretrained(tmp_path)
+
+
+def test_old_gamma_beta_layer_norm_names_load(tmp_path, bare):
+    """Older BERT checkpoints name LayerNorm parameters gamma/beta (and carry a bert. prefix
+    on a bare encoder); both spellings load to the same model."""
+    from safetensors.torch import load_file, save_file
+
+    _, theirs, ours = bare
+    theirs.save_pretrained(tmp_path)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    renamed = {"bert." + k.replace("LayerNorm.weight", "LayerNorm.gamma")
+               .replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in weights.items()}
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    old = from_pretrained(tmp_path)
+    for (name, a), b in zip(ours.state_dict().items(), old.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -68,3 +68,24 @@ def test_save_and_load_round_trip(pair, tmp_path):
     ours.save(tmp_path / "tok.json")
     back = load(tmp_path / "tok.json")
     assert back.encode(TEXT) == ours.encode(TEXT) and back.mask_id == ours.mask_id
+
+
+def test_special_tokens_are_whole_and_skipped_when_decoding(pair):
+    ours, ref = pair
+    text = "hello [MASK] world."
+    ids = ours.encode(text)
+    assert ours.mask_id in ids and ids == ref(text)["input_ids"]
+    assert ours.decode(ids) == ref.decode(ids, skip_special_tokens=True)
+    assert "[CLS]" not in ours.decode(ids) and "[MASK]" not in ours.decode(ids)
+
+
+def test_own_save_format_reads_back_through_from_file(pair, tmp_path):
+    ours, _ = pair
+    ours.save(tmp_path / "wp.json")
+    assert WordPieceTokenizer.from_file(tmp_path / "wp.json").encode(TEXT) == ours.encode(TEXT)
+
+
+def test_vocabulary_without_specials_is_named(tmp_path):
+    (tmp_path / "vocab.txt").write_text("hello\nworld\n[UNK]\n")
+    with pytest.raises(ValueError, match="lacks the special token"):
+        WordPieceTokenizer.from_file(tmp_path / "vocab.txt")
