@@ -54,12 +54,14 @@ def until_eos(row):
 
 def test_scores_are_normalised_log_probabilities(trained_marian):
     """The returned score equals log P(Y | X) recomputed by a teacher-forced pass, divided by
-    the GNMT penalty of its length."""
+    the GNMT penalty of its length (P over every token but pad, which is never emitted)."""
     model, _ = trained_marian
     src = sources(4)
     out, scores = beam_search(model, src, beam_size=4, alpha=0.6, return_scores=True)
     with torch.no_grad():
-        logp = model(src, out[:, :-1]).log_softmax(-1)
+        logits = model(src, out[:, :-1])
+        logits[..., model.config.pad_id] = float("-inf")
+        logp = logits.log_softmax(-1)
     for row in range(len(src)):
         ys = out[row, 1:].tolist()
         n = ys.index(1) + 1 if 1 in ys else len(ys)
