@@ -68,7 +68,10 @@ class BPETokenizer:
             text = open(path, encoding="utf-8").read()
         except FileNotFoundError:
             raise FileNotFoundError(f"tokenizer file not found: {path}") from None
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
         if data.get("type") == cls.kind:
             return cls.from_dict(data)
         backend = HFTokenizer.from_str(text)

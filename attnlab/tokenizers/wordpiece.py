@@ -76,7 +76,10 @@ class WordPieceTokenizer:
         if not path.exists():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
         if path.suffix == ".json":
-            data = json.loads(path.read_text(encoding="utf-8"))
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
             if data.get("type") == cls.kind:  # attnlab's own save()
                 return cls.from_dict(data)
             return cls(HFTokenizer.from_str(json.dumps(data)))

@@ -43,3 +43,12 @@ def test_tokenize_commands(tmp_path, capsys):
     tok = BPETokenizer.from_file(out)
     assert [int(x) for x in ids_line.split()] == tok.encode("Two young men")
     assert "".join(pieces_line.split()).replace("Ġ", " ") == "Two young men"
+
+
+def test_corrupt_tokenizer_file_is_named(tmp_path, capsys):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": \n {"bad')
+    assert main(["tokenize", "encode", "--tokenizer", str(bad), "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"attnlab tokenize: error: {bad}:2: invalid tokenizer JSON")
+    assert len(err.splitlines()) == 1
