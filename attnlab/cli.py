@@ -27,6 +27,18 @@ def _parse_override(text: str) -> tuple[str, object]:
         return key, value  # a bare string such as positional=rope
 
 
+def preset_config(args: argparse.Namespace, arch: str, what: str, suggestion: str):
+    """``--preset`` with its ``--set`` overrides, which must be of architecture ``arch``."""
+    from attnlab import ModelConfig
+
+    overrides = dict(_parse_override(s) for s in args.set)
+    config = ModelConfig.from_preset(args.preset, **overrides)
+    if config.arch != arch:
+        raise UsageError(f"--preset {args.preset} is not {what} model (arch={config.arch!r}); "
+                         f"try {suggestion}")
+    return config
+
+
 def cmd_info(args: argparse.Namespace) -> None:
     import torch
 
@@ -110,16 +122,11 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
 
 
 def cmd_train_lm(args: argparse.Namespace) -> None:
-    from attnlab import ModelConfig
     from attnlab.training.recipes import train_lm
     from attnlab.training.schedule import CosineSchedule, schedule_to_dict
     from attnlab.training.trainer import TrainConfig
 
-    overrides = dict(_parse_override(s) for s in args.set)
-    model_config = ModelConfig.from_preset(args.preset, **overrides)
-    if model_config.arch != "decoder":
-        raise UsageError(f"--preset {args.preset} is not a decoder-only model (arch="
-                         f"{model_config.arch!r}); try gpt-mini or llama-mini")
+    model_config = preset_config(args, "decoder", "a decoder-only", "gpt-mini or llama-mini")
     schedule = CosineSchedule(args.lr, args.warmup, args.steps, args.min_lr)
     train_config = TrainConfig(
         steps=args.steps, accumulate=args.accumulate, bf16=args.bf16, compile=args.compile,

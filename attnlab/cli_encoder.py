@@ -24,15 +24,10 @@ def _train_config(args: argparse.Namespace, steps: int):
 
 
 def cmd_train_mlm(args: argparse.Namespace) -> None:
-    from attnlab import ModelConfig
-    from attnlab.cli import UsageError, _parse_override, report_run
+    from attnlab.cli import preset_config, report_run
     from attnlab.training.bert_recipes import train_mlm
 
-    overrides = dict(_parse_override(s) for s in args.set)
-    model_config = ModelConfig.from_preset(args.preset, **overrides)
-    if model_config.arch != "encoder":
-        raise UsageError(f"--preset {args.preset} is not an encoder model (arch="
-                         f"{model_config.arch!r}); try bert-mini or bert-tiny")
+    model_config = preset_config(args, "encoder", "an encoder", "bert-mini or bert-tiny")
     _, _, history = train_mlm(args.text, args.out, model_config, _train_config(args, args.steps),
                               args.max_len, args.batch, args.tokenizer, args.vocab_size,
                               args.nsp, resume=args.resume)

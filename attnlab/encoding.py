@@ -75,15 +75,20 @@ def load_encoder(spec: str | os.PathLike) -> Encoder:
 def embed_sentences(enc: Encoder, sentences: list[str], batch_size: int = 32,
                     normalize: bool = True) -> Tensor:
     """``(n, d_model)`` mean-pooled (and L2-normalised) sentence vectors."""
-    device = next(enc.model.parameters()).device
     out = []
-    for i in range(0, len(sentences), batch_size):
-        b = {k: v.to(device) for k, v in
-             enc.tokenizer.batch(sentences[i : i + batch_size], max_len=enc.max_len).items()}
+    for b in _batches(enc, sentences, batch_size):
         h = enc.model.encode(b["ids"], b["token_type_ids"], b["attention_mask"])
         u = mean_pool(h, b["attention_mask"])
         out.append(nn.functional.normalize(u, dim=-1) if normalize else u)
     return torch.cat(out)
+
+
+def _batches(enc: Encoder, texts: list[str], batch_size: int):
+    """Padded ``{ids, token_type_ids, attention_mask}`` batches on the model's device."""
+    device = next(enc.model.parameters()).device
+    for i in range(0, len(texts), batch_size):
+        batch = enc.tokenizer.batch(texts[i : i + batch_size], max_len=enc.max_len)
+        yield {k: v.to(device) for k, v in batch.items()}
 
 
 @torch.no_grad()
@@ -102,11 +107,8 @@ def classify_texts(enc: Encoder, texts: list[str], batch_size: int = 32) -> Tens
     """Class probabilities ``(n, num_labels)`` from a ``head='classify'`` model."""
     if enc.model.config.head != "classify":
         raise ValueError(f"model has head={enc.model.config.head!r}, not 'classify'")
-    device = next(enc.model.parameters()).device
     probs = []
-    for i in range(0, len(texts), batch_size):
-        b = {k: v.to(device) for k, v in
-             enc.tokenizer.batch(texts[i : i + batch_size], max_len=enc.max_len).items()}
+    for b in _batches(enc, texts, batch_size):
         logits = enc.model(b["ids"], b["token_type_ids"], b["attention_mask"])
         probs.append(logits.float().softmax(-1))
     return torch.cat(probs)
