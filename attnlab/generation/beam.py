@@ -47,7 +47,8 @@ def beam_search(model: Transformer, src_ids: Tensor, beam_size: int = 4, alpha: 
     after eos (the layout of :func:`greedy_decode`); with ``return_scores`` also the
     normalised score of each returned hypothesis ``(batch,)``."""
     cfg, k, device = model.config, beam_size, src_ids.device
-    length_penalty(1, alpha, penalty)  # validate the choice before any work
+    if penalty not in PENALTIES:
+        raise ValueError(f"unknown length penalty {penalty!r}; choose from {PENALTIES}")
     if k < 1:
         raise ValueError(f"beam size must be >= 1, got {k}")
     batch = src_ids.shape[0]
