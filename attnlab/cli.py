@@ -160,7 +160,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from attnlab.generation import generate
     from attnlab.interop.loading import load_for_generation
 
-    model, tok = load_for_generation(args.model)
+    model, tok = load_for_generation(args.model, int4=args.int4)
     ids = tok.encode(args.prompt)
     if len(ids) + args.max_new_tokens > model.config.max_len:
         if not args.truncate:
@@ -324,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--truncate", action="store_true", help="cut a too-long prompt's start")
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--int4", action="store_true",
+                     help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
     gen.set_defaults(func=cmd_generate)
 
     tr = sub.add_parser("translate", help="translate with a trained model",

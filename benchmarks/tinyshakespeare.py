@@ -7,7 +7,9 @@ matrices, learning rate 1e-3 with 100 warm-up steps and cosine decay to 1e-4, cl
 The two models alternate step by step in one process; only the training steps are timed.
 Validation: the last 10% of the text, every non-overlapping 64-character window.
 
-    .venv/bin/python benchmarks/tinyshakespeare.py [--iters 2000] [--bf16]
+    .venv/bin/python benchmarks/tinyshakespeare.py [--iters 2000] [--bf16] [--seed 0]
+
+``--seed`` picks the initial weights and the batches (both models get the same ones).
 """
 
 from __future__ import annotations
@@ -55,13 +57,14 @@ def main() -> None:
     p.add_argument("--min-lr", type=float, default=1e-4)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--beta2", type=float, default=0.99)
+    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     text = Path(args.text).read_text()
     tok = CharTokenizer.train([text])
     ids = torch.tensor(tok.encode(text))
     split = int(0.9 * len(ids))
     train, val = ids[:split], ids[split:]
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     hf_cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_positions=64, n_embd=128,
                                      n_layer=4, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
                                      attn_pdrop=0.0)
@@ -74,11 +77,11 @@ def main() -> None:
                       eps=1e-8)
     schedule = CosineSchedule(1e-3, args.warmup, args.iters, args.min_lr)
     opts = {k: build_optimizer(m, cfg, schedule(1)) for k, m in models.items()}
-    batches = LMBatches(train, 64, 12, seed=0)
+    batches = LMBatches(train, 64, 12, seed=args.seed)
     seconds = dict.fromkeys(models, 0.0)
     print(f"vocabulary {tok.vocab_size}, {len(train):,} train / {len(val):,} val characters, "
-          f"{args.iters} iterations, {'bf16' if args.bf16 else 'fp32'}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+          f"{args.iters} iterations, {'bf16' if args.bf16 else 'fp32'}, seed {args.seed}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for step in range(1, args.iters + 1):
         x, y = batches.batch(step)
         for name, model in models.items():

@@ -1,6 +1,10 @@
 """GGUF files (llama.cpp) into attnlab: Llama-architecture weights, dequantised, and the
 tokenizer stored in the file's metadata. Needs the ``gguf`` package.
 
+With ``quantized=True`` the Q4_1 matrices keep their 4-bit codes and run in
+:class:`attnlab.nn.quantized.Int4Linear` (bf16 activations): the same numbers the file holds,
+a seventh of the bytes to read per generated token.
+
 llama.cpp's converter reorders the rows of W_Q and W_K from the "rotate half" RoPE layout
 (pairs i, i + d/2; Hugging Face, attnlab) to interleaved pairs (2i, 2i + 1); loading undoes it.
 """
@@ -75,15 +79,41 @@ def gguf_config(reader, path: Path) -> ModelConfig:
     )
 
 
-def load_gguf(path: str | os.PathLike):
-    """``(model, tokenizer)`` from a Llama GGUF file: weights dequantised to float32."""
+def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw Q4_1 rows ``(out, in / 32 · 20 bytes)`` -> ``codes (out, in)``, ``scale`` and
+    ``minimum (out, in / 32)``, with ``W = scale · codes + minimum`` per block of 32.
+
+    A block is 20 bytes: the scale and the minimum as float16, then 16 bytes whose low
+    nibbles are elements 0–15 and whose high nibbles are elements 16–31."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, 20)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    minimum = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    packed = blocks[..., 4:]
+    codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, -1)
+    return (torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(scale.astype(np.float32)),
+            torch.from_numpy(minimum.astype(np.float32)))
+
+
+def load_gguf(path: str | os.PathLike, quantized: bool = False):
+    """``(model, tokenizer)`` from a Llama GGUF file: weights dequantised to float32, or with
+    ``quantized`` the Q4_1 matrices kept as 4-bit :class:`Int4Linear` layers and the rest in
+    bfloat16 (a file without Q4_1 matrices has its weights quantised by ``quantize_int4``)."""
     from attnlab.tokenizers.bpe import BPETokenizer
 
     path = Path(path)
     gguf, reader = _reader(path)
     config = gguf_config(reader, path)
-    state = {}
+    state, int4 = {}, {}
     for t in reader.tensors:
+        if quantized and t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+            _, i, kind, _ = t.name.split(".")
+            parts = q4_1_codes(t.data)
+            heads = {"attn_q": config.n_heads, "attn_k": config.kv_heads}.get(kind)
+            if heads:
+                parts = tuple(_unpermute(p, heads) for p in parts)
+            int4[f"blocks.layers.{i}.{_LAYER[kind]}"] = parts
+            continue
         w = torch.from_numpy(np.array(
             gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
         if t.name == "token_embd.weight":
@@ -100,14 +130,33 @@ def load_gguf(path: str | os.PathLike):
                 w = _unpermute(w, config.kv_heads)
             state[f"blocks.layers.{i}.{_LAYER[kind]}"] = w
     model = GPT(config)
+    if int4:
+        model = _with_int4(model, int4)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings)]
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings)
+               and not m.endswith((".codes", ".scale_and_zero"))]
     if missing or unexpected:
         raise ValueError(f"{path}: tensors do not fit a Llama model (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
+    if quantized and not int4:  # no Q4_1 matrices in the file: quantise its float weights
+        from attnlab.nn.quantized import quantize_int4
+
+        model = quantize_int4(model)
     tokenizer = BPETokenizer.from_vocab_and_merges(
         list(_field(reader, "tokenizer.ggml.tokens")),
         list(_field(reader, "tokenizer.ggml.merges")),
         digits=_field(reader, "tokenizer.ggml.pre") == "smollm",
         bos_id=config.bos_id, eos_id=config.eos_id, pad_id=config.pad_id, unk_id=config.unk_id)
     return model.eval(), tokenizer
+
+
+def _with_int4(model: GPT, layers: dict[str, tuple]) -> GPT:
+    """Swap the named ``...weight`` linears for :class:`Int4Linear` built from their codes."""
+    from attnlab.nn.quantized import Int4Linear
+
+    model = model.to(torch.bfloat16)
+    for name, (codes, scale, minimum) in layers.items():
+        parent_name, child = name.removesuffix(".weight").rsplit(".", 1)
+        setattr(model.get_submodule(parent_name), child,
+                Int4Linear.from_codes(codes, scale, minimum))
+    return model

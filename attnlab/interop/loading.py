@@ -8,15 +8,25 @@ import os
 from pathlib import Path
 
 
-def load_for_generation(path: str | os.PathLike):
-    """``(model, tokenizer)`` in eval mode."""
+def load_for_generation(path: str | os.PathLike, int4: bool = False):
+    """``(model, tokenizer)`` in eval mode; ``int4`` gives 4-bit weight matrices with bf16
+    activations (a GGUF file's own Q4_1 codes, or else the float weights quantised)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
     if path.suffix == ".gguf":
         from attnlab.interop.gguf import load_gguf
 
-        return load_gguf(path)
+        return load_gguf(path, quantized=int4)
+    model, tok = _load_float(path)
+    if int4:
+        from attnlab.nn.quantized import quantize_int4
+
+        model = quantize_int4(model)
+    return model, tok
+
+
+def _load_float(path: Path):
     config = path / "config.json"
     if config.exists() and "model_type" in json.loads(config.read_text()):
         from tokenizers import Tokenizer as HFTokenizer

@@ -30,7 +30,8 @@ def test_copy_task_learns_exact_copies(tmp_path):
     tgt = [[2] + s + [3] for s in seqs]
     cfg = ModelConfig.from_preset("tiny", vocab_size=11, dropout=0.0, d_model=64, max_len=32)
     model = Transformer(cfg)
-    train_cfg = TrainConfig(steps=500, max_tokens=1600, progress=False, save_every=10_000,
+    # 600 steps, not 500: at 500 a rounding-level change (the fused Adam kernel) left 49/50.
+    train_cfg = TrainConfig(steps=600, max_tokens=1600, progress=False, save_every=10_000,
                             schedule=schedule_to_dict(NoamSchedule(64, warmup=200, factor=1.0)))
     Trainer(model, TranslationBatches(src, tgt, 1600, seed=0), train_cfg, tmp_path,
             {}, cfg).fit()

@@ -52,3 +52,46 @@ def test_greedy_text_matches_transformers(models):
     reference = their_tok.decode(theirs.generate(ids, max_new_tokens=20, do_sample=False)[0])
     assert mine == reference
     assert mine.startswith("The capital of France is Paris")
+
+
+def test_q4_1_codes_reproduce_the_files_dequantised_weights():
+    """Our nibble decoding of every Q4_1 block, scale · code + minimum, equals the gguf
+    package's own dequantisation bit for bit."""
+    import numpy as np
+
+    from attnlab.interop.gguf import q4_1_codes
+
+    reader = gguf.GGUFReader(os.path.join(FOLDER, NAME))
+    tensors = [t for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_1]
+    assert len(tensors) == 7 * 30
+    for t in tensors[:7]:  # one layer's seven matrices
+        codes, scale, minimum = q4_1_codes(t.data)
+        assert 0 <= codes.min() and codes.max() <= 15
+        rows, cols = codes.shape
+        mine = codes.float().view(rows, cols // 32, 32) * scale[..., None] + minimum[..., None]
+        reference = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        assert torch.equal(mine.view(rows, cols), torch.from_numpy(reference)), t.name
+
+
+def test_int4_model_keeps_the_files_codes_and_the_same_greedy_text(models):
+    """quantized=True runs the Q4_1 matrices as 4-bit codes with bf16 activations: each layer's
+    weight equals the float model's (up to bf16 rounding of scale and zero), and greedy text
+    from the prompt is the float model's."""
+    from attnlab.interop.gguf import load_gguf
+    from attnlab.nn.quantized import Int4Linear
+
+    ours, tok, _, _ = models
+    q, _ = load_gguf(os.path.join(FOLDER, NAME), quantized=True)
+    layer = q.blocks.layers[3]
+    assert isinstance(layer.self_attn.q_proj, Int4Linear)  # unpermuted rows, like the float one
+    assert sum(isinstance(m, Int4Linear) for m in q.modules()) == 7 * 30
+    for mine, reference in [(layer.self_attn.q_proj, ours.blocks.layers[3].self_attn.q_proj),
+                            (layer.ffn.w2, ours.blocks.layers[3].ffn.w2)]:
+        w, ref = mine.weight.float(), reference.weight
+        assert (w - ref).abs().max() <= 2 ** -7 * ref.abs().max(), (w - ref).abs().max()
+    ids = torch.tensor([tok.encode("The capital of France is")])
+    with torch.no_grad():
+        a, b = ours(ids)[0, -1], q(ids)[0, -1].float()
+    assert a.topk(5).indices.tolist() == b.topk(5).indices.tolist()
+    assert tok.decode(generate(q, ids, 20)[0].tolist()) == tok.decode(
+        generate(ours, ids, 20)[0].tolist())

@@ -20,7 +20,7 @@ def test_shared_bpe_training_and_evaluate(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "translate", "--src", str(tmp_path / "train.en"), "--tgt",
                  str(tmp_path / "train.de"), "--tokenizer", str(tok_path), "--preset", "tiny",
-                 "--steps", "150", "--warmup", "50", "--lr-factor", "2", "--max-tokens",
+                 "--steps", "200", "--warmup", "50", "--lr-factor", "2", "--max-tokens",
                  "2048", "--out", str(run), "--no-progress", "--no-evaluate"]) == 0
     model, config, toks = load_model_dir(run)
     assert config.tgt_vocab_size is None  # one vocabulary, one tied embedding matrix
@@ -41,7 +41,7 @@ def test_shared_bpe_training_and_evaluate(tmp_path, capsys):
     assert f"chrF = {chrf.score:.2f}" in out
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
     assert "sentences/s" in out and "beam 3" in out
-    assert chrf.score > 20  # 150 steps already produce German number words
+    assert chrf.score > 20  # 200 steps already produce German number words (25–33)
 
 
 def test_evaluate_rejects_misaligned_files(tmp_path, capsys):

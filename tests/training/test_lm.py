@@ -57,6 +57,14 @@ def test_generate_streams_and_stops(run):
     assert cut.returncode == 0, cut.stderr
 
 
+def test_generate_int4_runs_a_trained_run(run):
+    """``--int4`` quantises a trained run's matrices (the numerics: tests/nn/test_quantized)."""
+    small = cli("generate", "--model", str(run), "--prompt", "three hundred and",
+                "--max-new-tokens", "12", "--stop", "\\n", "--int4")
+    assert small.returncode == 0, small.stderr
+    assert small.stdout.startswith("three hundred and") and small.stdout.count("\n") == 1
+
+
 def test_lm_resume_after_sigkill_is_exact(run, text, tmp_path):
     killed = cli(*TRAIN, "--text", str(text), "--out", str(tmp_path), "--save-every", "50",
                  env={"ATTNLAB_FAULT": "kill@step:70"})
