@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm = train_sub.add_parser(
         "lm", help="train a decoder-only language model on a text file",
         description="Train a GPT/Llama-style model: AdamW (weight decay on matrices only), "
-                    "linear warmup + cosine decay, gradient clipping; the last 10%% of the "
+                    "linear warmup + cosine decay, gradient clipping; the last 10% of the "
                     "text is the validation split.")
     lm.add_argument("--text", required=True, help="a UTF-8 text file")
     lm.add_argument("--tokenizer", choices=["char", "gpt2"], default="char")

@@ -109,9 +109,9 @@ def _common_training(p: argparse.ArgumentParser, lr: float, warmup: int) -> None
 def add_commands(sub, train_sub) -> None:
     mlm = train_sub.add_parser(
         "mlm", help="masked-LM pretraining of a BERT on a text file",
-        description="BERT pretraining: 15%% of tokens selected (80%% [MASK], 10%% random, "
-                    "10%% unchanged), loss on those only; AdamW, linear warmup and decay. Each "
-                    "line is a sentence; the last 5%% of lines validate.")
+        description="BERT pretraining: 15% of tokens selected (80% [MASK], 10% random, "
+                    "10% unchanged), loss on those only; AdamW, linear warmup and decay. Each "
+                    "line is a sentence; the last 5% of lines validate.")
     mlm.add_argument("--text", required=True, help="a UTF-8 text file, one sentence a line")
     mlm.add_argument("--tokenizer", help="vocab.txt / tokenizer.json (default: learn WordPiece)")
     mlm.add_argument("--vocab-size", type=int, default=8000, help="when learning WordPiece")
@@ -128,7 +128,7 @@ def add_commands(sub, train_sub) -> None:
         "classify", help="fine-tune a BERT classifier on labelled JSON lines",
         description="Fine-tune a [CLS] classifier from a pretrained encoder: AdamW, linear "
                     "warmup and decay, early stopping on validation loss. The split is fixed "
-                    "by hashing each example's id: 80%% train, 10%% validation, 10%% test.")
+                    "by hashing each example's id: 80% train, 10% validation, 10% test.")
     cl.add_argument("--data", required=True, help="a .jsonl or .jsonl.gz file")
     cl.add_argument("--text-field", required=True, help="field with the text (or F1,F2)")
     cl.add_argument("--label-field", required=True, help="field with the label")
