@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from attnlab import GPT, ModelConfig
 from attnlab.generation import filter_logits, generate
+from attnlab.generation.decoder_only import penalise_repeats
 
 
 def model(preset):
@@ -79,3 +80,14 @@ def test_top_k_top_p_never_sample_outside_the_allowed_set(seed, k, p):
                                     generator=g)
         assert set(samples.tolist()) <= allowed
         assert allowed  # the most likely token is always allowed
+
+
+def test_repetition_penalty_matches_transformers_processor():
+    from transformers import RepetitionPenaltyLogitsProcessor
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=g) * 4  # both signs
+    seen = torch.randint(0, 50, (3, 12), generator=g)  # with repeats
+    expected = RepetitionPenaltyLogitsProcessor(1.7)(seen, logits.clone())
+    got = penalise_repeats(logits, seen, 1.7)
+    assert torch.allclose(got, expected)
+    assert not torch.allclose(got, logits)

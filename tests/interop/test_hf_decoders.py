@@ -55,6 +55,21 @@ def test_greedy_twenty_tokens_match_transformers(pair):
     assert got.tolist() == expected.tolist()
 
 
+def test_left_padded_batch_with_repetition_penalty_matches_transformers(pair):
+    _, theirs, ours, _ = pair
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(1, 300, (2, 6), generator=g)
+    mask = torch.ones_like(prompt)
+    prompt[0, :3], mask[0, :3] = 0, 0  # the first row is a 3-token prompt, left-padded
+    theirs.generation_config.eos_token_id = None
+    expected = theirs.generate(prompt, attention_mask=mask, max_new_tokens=15, do_sample=False,
+                               repetition_penalty=1.5, pad_token_id=0)
+    got = generate(ours, prompt, max_new_tokens=15, attention_mask=mask, repetition_penalty=1.5)
+    assert got.tolist() == expected.tolist()
+    plain = generate(ours, prompt, max_new_tokens=15, attention_mask=mask)
+    assert plain.tolist() != got.tolist()  # the penalty changed something, so it was tested
+
+
 def test_save_pretrained_round_trips_through_transformers(pair, tmp_path):
     kind, theirs, ours, _ = pair
     ours.save_pretrained(tmp_path)
