@@ -158,16 +158,31 @@ def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
     from attnlab.generation import generate
+    from attnlab.generation.decoder_only import check_decoding
     from attnlab.interop.loading import load_for_generation
 
     model, tok = load_for_generation(args.model, int4=args.int4)
     ids = tok.encode(args.prompt)
+    if not ids:  # nothing to condition on: start from the beginning-of-sequence token
+        if getattr(tok, "bos_id", None) is None:
+            raise UsageError("--prompt is empty and the tokenizer has no beginning-of-sequence "
+                             "token to start from")
+        ids = [tok.bos_id]
+    if args.max_new_tokens >= model.config.max_len:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt "
+                         f"in the model's context of {model.config.max_len}")
     if len(ids) + args.max_new_tokens > model.config.max_len:
         if not args.truncate:
             raise UsageError(f"prompt of {len(ids)} tokens + {args.max_new_tokens} new exceeds "
                              f"the model's context of {model.config.max_len} "
                              "(pass --truncate to keep the prompt's end)")
         ids = ids[-(model.config.max_len - args.max_new_tokens):]
+    try:  # before anything is printed; name the flag, not the keyword argument
+        check_decoding(torch.tensor([ids]), args.max_new_tokens, args.temperature, args.top_k,
+                       args.top_p, args.repetition_penalty)
+    except ValueError as e:
+        name, rest = str(e).split(" ", 1)
+        raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
     generator = torch.Generator().manual_seed(args.seed)
     printed = ""

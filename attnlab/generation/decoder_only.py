@@ -37,6 +37,24 @@ def penalise_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
     return logits.scatter(-1, seen, picked)
 
 
+def check_decoding(ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+                   top_p: float | None, repetition_penalty: float) -> None:
+    """Reject settings that would otherwise be ignored silently or fail deep inside torch."""
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"the prompt must be (batch, length >= 1) token ids, got shape "
+                         f"{tuple(ids.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not temperature >= 0:  # also catches NaN
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
+
+
 @torch.no_grad()
 def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | None = None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -46,6 +64,7 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     has produced ``eos_id``; finished rows are padded with ``eos_id``. ``on_token(new)`` is
     called with the ``(batch, n_new)`` tokens so far after each step (streaming); returning
     True stops generation (stop strings)."""
+    check_decoding(ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty)
     model.eval()
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens

@@ -91,3 +91,17 @@ def test_repetition_penalty_matches_transformers_processor():
     got = penalise_repeats(logits, seen, 1.7)
     assert torch.allclose(got, expected)
     assert not torch.allclose(got, logits)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(max_new_tokens=-1), "max_new_tokens"), (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=float("nan")), "temperature"), (dict(top_k=0), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+    (dict(repetition_penalty=0.0), "repetition_penalty")])
+def test_bad_decoding_settings_are_named(kwargs, name):
+    m = model("gpt-mini")
+    args = dict(max_new_tokens=3, temperature=1.0) | kwargs
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        generate(m, torch.ones(1, 4, dtype=torch.long), **args)
+    with pytest.raises(ValueError, match="prompt must be"):
+        generate(m, torch.ones(1, 0, dtype=torch.long), 3)

@@ -57,6 +57,18 @@ def test_generate_streams_and_stops(run):
     assert cut.returncode == 0, cut.stderr
 
 
+def test_generate_bad_flags_and_empty_prompt(run):
+    bad = cli("generate", "--model", str(run), "--prompt", "forty", "--top-p", "1.5")
+    assert bad.returncode == 2 and bad.stdout == ""  # nothing printed before the error
+    assert bad.stderr.strip() == "attnlab generate: error: --top-p must be in (0, 1], got 1.5"
+    full = cli("generate", "--model", str(run), "--prompt", "x", "--max-new-tokens", "256")
+    assert full.returncode == 2 and "leaves no room for a prompt" in full.stderr
+    empty = cli("generate", "--model", str(run), "--prompt", "", "--max-new-tokens", "8",
+                "--ignore-eos")
+    assert empty.returncode == 0, empty.stderr  # starts from the beginning-of-sequence token
+    assert len(empty.stdout.rstrip("\n")) > 0
+
+
 def test_generate_int4_runs_a_trained_run(run):
     """``--int4`` quantises a trained run's matrices (the numerics: tests/nn/test_quantized)."""
     small = cli("generate", "--model", str(run), "--prompt", "three hundred and",
