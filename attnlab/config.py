@@ -23,6 +23,33 @@ CHOICES = {
 }
 
 
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+# Fields that must be at least this much (the layer counts may be 0: BERT has no decoder).
+_AT_LEAST = dict(vocab_size=1, tgt_vocab_size=1, d_model=1, n_heads=1, num_kv_heads=1, d_ff=1,
+                 n_encoder_layers=0, n_decoder_layers=0, max_len=1, dropout=0.0,
+                 attention_dropout=0.0, activation_dropout=0.0, norm_eps=0.0, num_labels=1)
+
+
+def check_at_least(obj: Any, minimums: dict[str, float], what: str = "") -> None:
+    """Raise ``ValueError`` naming the first field of ``obj`` below its minimum (None passes)."""
+    for name, low in minimums.items():
+        value = getattr(obj, name)
+        if value is not None and not value >= low:  # `not >=` also rejects NaN
+            raise ValueError(f"{what}{name} must be >= {low}, got {value!r}")
+
+
+def check_types(obj: Any, what: str = "") -> None:
+    """Raise ``ValueError`` when a dataclass field of type int/float/bool/str (or ``| None``)
+    holds something else, e.g. a string from ``--set d_model=abc``."""
+    for f in dataclasses.fields(obj):
+        kind, _, rest = str(f.type).partition(" | ")
+        value = getattr(obj, f.name)
+        if kind not in _TYPES or (value is None and rest == "None"):
+            continue
+        if not isinstance(value, _TYPES[kind]) or (kind != "bool" and isinstance(value, bool)):
+            raise ValueError(f"{what}{f.name}={value!r}: expected {f.type}")
+
+
 @dataclass
 class ModelConfig:
     """Architecture hyper-parameters. Defaults are the paper's base model (Table 3)."""
@@ -63,6 +90,11 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # family-specific, kept for round-trips
 
     def __post_init__(self) -> None:
+        check_types(self, "config field ")
+        check_at_least(self, _AT_LEAST, "config field ")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not getattr(self, name) < 1:
+                raise ValueError(f"config field {name} must be < 1, got {getattr(self, name)!r}")
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:

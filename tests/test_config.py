@@ -24,6 +24,13 @@ def test_presets_from_the_paper():
     (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
     (dict(positional="fourier"), "positional='fourier'"),
     (dict(num_kv_heads=3), "not divisible by num_kv_heads=3"),
+    (dict(d_model="abc"), "d_model='abc': expected int"),  # e.g. --set d_model=abc
+    (dict(max_len=True), "max_len=True: expected int"),
+    (dict(dropout="0.1"), "dropout='0.1': expected float"),
+    (dict(n_heads=0), "n_heads must be >= 1, got 0"),
+    (dict(vocab_size=-5), "vocab_size must be >= 1, got -5"),
+    (dict(norm_eps=float("nan")), "norm_eps must be >= 0.0, got nan"),
+    (dict(dropout=1.0), "dropout must be < 1, got 1.0"),
 ])
 def test_invalid_configs_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -18,6 +18,9 @@ class LMBatches(SeededBatches):
     """Endless ``(x, y)`` batches ``(batch_size, block)`` from ``ids`` ``(n_tokens,)``."""
 
     def __init__(self, ids: Tensor, block: int, batch_size: int, seed: int = 0):
+        if block < 1 or batch_size < 1:
+            raise ValueError(f"block and batch size must be >= 1, got block={block}, "
+                             f"batch size={batch_size}")
         if ids.numel() <= block + 1:
             raise ValueError(f"text of {ids.numel()} tokens is too short for windows of "
                              f"{block + 1} tokens")

@@ -150,7 +150,10 @@ def train_lm(text_path: str | Path, out_dir: str | Path, model_config: ModelConf
     path = Path(text_path)
     if not path.exists():
         raise FileNotFoundError(f"text file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not text.strip():
         raise ValueError(f"{path}: the text file is empty")
     if tokenizer == "char":

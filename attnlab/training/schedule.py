@@ -14,12 +14,26 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from attnlab.config import check_at_least
+
+
+def _check(schedule, **minimums: float) -> None:
+    """Learning rates must be positive: a zero or negative peak trains nothing, silently."""
+    lr_name = "factor" if isinstance(schedule, NoamSchedule) else "peak_lr"
+    if not getattr(schedule, lr_name) > 0:
+        raise ValueError(f"the learning rate {lr_name} must be > 0, got "
+                         f"{getattr(schedule, lr_name)!r}")
+    check_at_least(schedule, minimums)
+
 
 @dataclass
 class NoamSchedule:
     d_model: int = 512
     warmup: int = 4000
     factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self, d_model=1, warmup=1)
 
     def __call__(self, step: int) -> float:
         step = max(step, 1)
@@ -32,6 +46,9 @@ class CosineSchedule:
     warmup: int = 100
     total_steps: int = 10000
     min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self, warmup=0, total_steps=1, min_lr=0.0)
 
     def __call__(self, step: int) -> float:
         step = max(step, 1)
@@ -48,6 +65,9 @@ class LinearSchedule:
     peak_lr: float = 1e-4
     warmup: int = 100
     total_steps: int = 10000
+
+    def __post_init__(self) -> None:
+        _check(self, warmup=0, total_steps=1)
 
     def __call__(self, step: int) -> float:
         step = max(step, 1)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.config import check_at_least
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
     list_checkpoints,
@@ -65,6 +66,15 @@ class TrainConfig:
     patience: int = 0  # stop after this many validation passes without a better loss (0: never)
     time_budget: float | None = None  # seconds of training, then stop cleanly
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_at_least(self, dict(steps=1, max_tokens=1, accumulate=1, save_every=1, keep_last=1,
+                                  log_every=1, eval_every=0, patience=0, weight_decay=0.0,
+                                  label_smoothing=0.0, clip_norm=0.0, eps=0.0))
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
+        if not self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be < 1, got {self.label_smoothing!r}")
 
 
 def _fault_hook():

@@ -57,6 +57,25 @@ def test_generate_streams_and_stops(run):
     assert cut.returncode == 0, cut.stderr
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--block", "0"], "block and batch size must be >= 1, got block=0"),
+    (["--lr", "-1"], "peak_lr must be > 0, got -1.0"),
+    (["--set", "d_model=abc"], "config field d_model='abc': expected int"),
+])
+def test_train_lm_bad_settings_are_one_line_errors(text, tmp_path, flags, message):
+    r = cli(*TRAIN, "--text", str(text), "--out", str(tmp_path / "run"), *flags)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_train_lm_binary_file_is_named(tmp_path):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)))
+    r = cli(*TRAIN, "--text", str(binary), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"attnlab train: error: {binary}: not UTF-8 text "
+                                "(byte 128: invalid start byte)")
+
+
 def test_generate_bad_flags_and_empty_prompt(run):
     bad = cli("generate", "--model", str(run), "--prompt", "forty", "--top-p", "1.5")
     assert bad.returncode == 2 and bad.stdout == ""  # nothing printed before the error

@@ -1,8 +1,12 @@
 import math
+import re
 
+import pytest
 import torch
 
 from attnlab.training import CosineSchedule, NoamSchedule, label_smoothed_loss, smoothed_target
+from attnlab.training.schedule import LinearSchedule
+from attnlab.training.trainer import TrainConfig
 
 
 def test_noam_schedule_matches_the_formula():
@@ -45,3 +49,20 @@ def test_label_smoothed_loss_equals_dense_cross_entropy_and_skips_padding():
     logits2[~real] = 100.0
     same = label_smoothed_loss(logits2, target).loss
     assert torch.equal(same, label_smoothed_loss(logits, target).loss)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: CosineSchedule(peak_lr=0.0), "peak_lr must be > 0, got 0.0"),
+    (lambda: CosineSchedule(warmup=-1), "warmup must be >= 0, got -1"),
+    (lambda: CosineSchedule(total_steps=0), "total_steps must be >= 1, got 0"),
+    (lambda: NoamSchedule(factor=-1.0), "factor must be > 0"),
+    (lambda: NoamSchedule(warmup=0), "warmup must be >= 1, got 0"),
+    (lambda: LinearSchedule(peak_lr=float("nan")), "peak_lr must be > 0, got nan"),
+    (lambda: TrainConfig(steps=0), "steps must be >= 1, got 0"),
+    (lambda: TrainConfig(accumulate=0), "accumulate must be >= 1, got 0"),
+    (lambda: TrainConfig(label_smoothing=1.0), "label_smoothing must be < 1"),
+    (lambda: TrainConfig(time_budget=0.0), "time_budget must be > 0"),
+])
+def test_bad_settings_name_the_field(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
