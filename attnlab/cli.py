@@ -214,10 +214,10 @@ def cmd_average(args: argparse.Namespace) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from attnlab.training.checkpoint import load_model_dir
+    from attnlab.cli_translate import load_translation_model
     from attnlab.training.recipes import translate
 
-    model, _, toks = load_model_dir(args.model)
+    model, toks = load_translation_model(args.model)
     sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
     for hyp in translate(model, toks["source"], toks["target"], sentences):
         print(hyp)

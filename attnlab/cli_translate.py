@@ -32,16 +32,23 @@ def cmd_tokenize_encode(args: argparse.Namespace) -> None:
             print(" ".join(pieces))
 
 
+def load_translation_model(path: str):
+    """``(model, tokenizers)`` from a run or model folder, refusing other architectures."""
+    from attnlab.training.checkpoint import load_model_dir
+
+    model, config, toks = load_model_dir(path)
+    if config.arch != "encoder-decoder" or "source" not in toks:
+        raise ValueError(f"{path}: arch={config.arch!r} is not a translation model")
+    return model, toks
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from sacrebleu.metrics import BLEU, CHRF
 
     from attnlab.data import read_lines
-    from attnlab.training.checkpoint import load_model_dir
     from attnlab.training.recipes import translate
 
-    model, config, toks = load_model_dir(args.model)
-    if config.arch != "encoder-decoder":
-        raise ValueError(f"{args.model}: arch={config.arch!r} is not a translation model")
+    model, toks = load_translation_model(args.model)
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise ValueError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")

@@ -187,6 +187,8 @@ def load_model_dir(path: str | os.PathLike):
 def write_average(run: str | os.PathLike, last: int = 5, out: str | os.PathLike | None = None):
     """Average the ``last`` newest checkpoints of a run into a model folder (default
     ``run/final``), which ``attnlab translate --model run`` then prefers."""
+    if last < 1:  # ckpts[-0:] would silently average every checkpoint
+        raise ValueError(f"average the last N >= 1 checkpoints, got {last}")
     ckpts = list_checkpoints(Path(run) / "checkpoints") or list_checkpoints(run)
     if not ckpts:
         raise FileNotFoundError(f"no checkpoints under {run}")

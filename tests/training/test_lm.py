@@ -88,6 +88,15 @@ def test_generate_bad_flags_and_empty_prompt(run):
     assert len(empty.stdout.rstrip("\n")) > 0
 
 
+def test_translation_commands_refuse_a_language_model(run):
+    for args in (["translate", "--model", str(run), "hello"],
+                 ["evaluate", "--model", str(run), "--src", "a", "--ref", "b"]):
+        r = cli(*args)
+        assert r.returncode == 2 and "arch='decoder' is not a translation model" in r.stderr
+    r = cli("average", "--model", str(run), "--last", "0")
+    assert r.returncode == 2 and "got 0" in r.stderr
+
+
 def test_generate_int4_runs_a_trained_run(run):
     """``--int4`` quantises a trained run's matrices (the numerics: tests/nn/test_quantized)."""
     small = cli("generate", "--model", str(run), "--prompt", "three hundred and",
