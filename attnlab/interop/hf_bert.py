@@ -18,7 +18,13 @@ _CLASSES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForPreTraining":
 _HEADS = {head: cls for cls, head in _CLASSES.items()}
 
 
+# transformers' BertConfig defaults, for fields a config.json may leave out
+_DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_attention_heads=12,
+                 intermediate_size=3072, num_hidden_layers=12)
+
+
 def bert_to_config(hf: dict) -> ModelConfig:
+    hf = {**_DEFAULTS, **hf}
     act = hf.get("hidden_act", "gelu")
     if act not in _ACT:
         raise ValueError(f"config.json: hidden_act={act!r} is not supported for bert "

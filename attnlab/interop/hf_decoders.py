@@ -9,6 +9,13 @@ _GPT2_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": 
              "relu": "relu"}
 
 
+# transformers' defaults for fields a config.json may leave out (GPT2Config, LlamaConfig)
+_GPT2_DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
+                      activation_function="gelu_new")
+_LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                       num_hidden_layers=32, num_attention_heads=32, hidden_act="silu")
+
+
 def _require(hf: dict, field: str, allowed, what: str):
     value = hf.get(field)
     if value not in allowed:
@@ -18,6 +25,7 @@ def _require(hf: dict, field: str, allowed, what: str):
 
 
 def gpt2_to_config(hf: dict) -> ModelConfig:
+    hf = {**_GPT2_DEFAULTS, **hf}
     act = _require(hf, "activation_function", _GPT2_ACT, "gpt2")
     d = hf["n_embd"]
     eos = hf.get("eos_token_id", 50256)
@@ -67,6 +75,7 @@ def gpt2_weights(c: ModelConfig):
 
 
 def llama_to_config(hf: dict) -> ModelConfig:
+    hf = {**_LLAMA_DEFAULTS, **hf}
     _require(hf, "hidden_act", ("silu",), "llama")
     rope = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or {}

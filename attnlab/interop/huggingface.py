@@ -108,7 +108,13 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
     folder = Path(path)
     hf = read_hf_config(folder)
     family = family_of(hf, folder)
-    config = family.to_config(hf)
+    try:
+        config = family.to_config(hf)
+    except KeyError as e:
+        raise ValueError(f"{folder / 'config.json'}: missing field {e}") from None
+    except (TypeError, ValueError) as e:  # name the file; our field names follow in the text
+        raise ValueError(f"{folder / 'config.json'}: {str(e).removeprefix('config.json: ')}"
+                         ) from None
     weights = read_hf_weights(folder)
     model = build_model(config)
     tied = _tied_names(model)

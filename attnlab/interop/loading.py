@@ -3,7 +3,6 @@ Hugging Face folder (config.json + model.safetensors + tokenizer.json) or a GGUF
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -27,8 +26,10 @@ def load_for_generation(path: str | os.PathLike, int4: bool = False):
 
 
 def _load_float(path: Path):
+    from attnlab.interop.huggingface import read_hf_config
+
     config = path / "config.json"
-    if config.exists() and "model_type" in json.loads(config.read_text()):
+    if config.exists() and "model_type" in read_hf_config(path):
         from tokenizers import Tokenizer as HFTokenizer
 
         from attnlab.interop.huggingface import from_pretrained

@@ -1,6 +1,7 @@
 """GPT-2 and Llama: random-weight transformers models saved locally, loaded into attnlab."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -90,3 +91,28 @@ def test_prompt_longer_than_context_is_a_clear_error(pair):
     _, _, ours, _ = pair
     with pytest.raises(ValueError, match="exceeds the model's context max_len=128"):
         ours(torch.zeros(1, 129, dtype=torch.long))
+
+
+def test_a_minimal_config_json_takes_transformers_defaults(tmp_path):
+    """Fields left out of config.json (here the activation) take transformers' defaults."""
+    minimal = dict(model_type="gpt2", vocab_size=100, n_embd=32, n_layer=1, n_head=4,
+                   n_positions=32)
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(**minimal)).eval()
+    theirs.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(minimal))
+    ids = torch.arange(10)[None]
+    with torch.no_grad():
+        assert (from_pretrained(tmp_path)(ids) - theirs(ids).logits).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"model_type": "gpt2",', "config.json:1: invalid JSON"),
+    ('{"model_type": "gpt2", "n_embd": "wide"}', "config.json: config field d_model='wide'"),
+    ('{"model_type": "gpt2", "activation_function": "swish"}',
+     "config.json: activation_function='swish' is not supported for gpt2"),
+])
+def test_bad_config_json_names_the_file(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        from_pretrained(tmp_path)
