@@ -75,7 +75,9 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     mask = attention_mask
     if mask is not None:
         mask = torch.cat([mask.bool(), mask.new_ones(batch, max_new_tokens, dtype=torch.bool)], 1)
-    out = ids
+    out = ids.new_empty(batch, total)  # filled in place: no per-token concatenation
+    out[:, :prompt_len] = ids
+    length = prompt_len
     done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     step_input = ids
     for _ in range(max_new_tokens):
@@ -83,7 +85,7 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
         logits = model(step_input, cache=cache,
                        attention_mask=None if mask is None else mask[:, :seen])[:, -1].float()
         if repetition_penalty != 1.0:
-            logits = penalise_repeats(logits, out, repetition_penalty)
+            logits = penalise_repeats(logits, out[:, :length], repetition_penalty)
         if temperature > 0:
             probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
             next_token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -92,10 +94,11 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
         if eos_id is not None:
             next_token = next_token.masked_fill(done, eos_id)
             done |= next_token == eos_id
-        out = torch.cat([out, next_token[:, None]], dim=1)
-        step_input = next_token[:, None]
-        if on_token is not None and on_token(out[:, prompt_len:]):
+        out[:, length] = next_token
+        length += 1
+        step_input = out[:, length - 1 : length]
+        if on_token is not None and on_token(out[:, prompt_len:length]):
             break
         if eos_id is not None and done.all():
             break
-    return out
+    return out[:, :length]
