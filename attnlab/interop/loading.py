@@ -13,16 +13,19 @@ def load_for_generation(path: str | os.PathLike, int4: bool = False):
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
+    from attnlab.generation import decoding_layout_
+
     if path.suffix == ".gguf":
         from attnlab.interop.gguf import load_gguf
 
-        return load_gguf(path, quantized=int4)
-    model, tok = _load_float(path)
-    if int4:
-        from attnlab.nn.quantized import quantize_int4
+        model, tok = load_gguf(path, quantized=int4)
+    else:
+        model, tok = _load_float(path)
+        if int4:
+            from attnlab.nn.quantized import quantize_int4
 
-        model = quantize_int4(model)
-    return model, tok
+            model = quantize_int4(model)
+    return decoding_layout_(model), tok  # fp32 matrices input-major: faster decoding
 
 
 def _load_float(path: Path):

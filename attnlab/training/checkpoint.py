@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,20 @@ def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1))
 
 
+@contextmanager
+def _contiguous_parameters(model: nn.Module):
+    """safetensors writes only contiguous tensors; ``decoding_layout_`` leaves fp32 matrices
+    transposed in memory. Make them contiguous for the write, then restore the layout."""
+    moved = [(p, p.data) for p in model.parameters() if not p.is_contiguous()]
+    for p, data in moved:
+        p.data = data.contiguous()
+    try:
+        yield
+    finally:
+        for p, data in moved:
+            p.data = data
+
+
 def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConfig,
                    tokenizers: dict[str, dict], trainer_state: dict[str, Any] | None = None,
                    fault=None) -> Path:
@@ -63,7 +78,8 @@ def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConf
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
+    with _contiguous_parameters(model):
+        save_model(model, str(tmp / "model.safetensors"))
     if fault is not None:
         fault("checkpoint", trainer_state["step"])  # test hook: a kill mid-write
     config.to_json(tmp / "config.json")

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, ModelConfig
-from attnlab.generation import filter_logits, generate
+from attnlab.generation import decoding_layout_, filter_logits, generate
 from attnlab.generation.decoder_only import penalise_repeats
 
 
@@ -105,3 +105,34 @@ def test_bad_decoding_settings_are_named(kwargs, name):
         generate(m, torch.ones(1, 4, dtype=torch.long), **args)
     with pytest.raises(ValueError, match="prompt must be"):
         generate(m, torch.ones(1, 0, dtype=torch.long), 3)
+
+
+@pytest.mark.parametrize("preset", ["gpt-mini", "llama-mini"])
+def test_decoding_layout_changes_memory_not_values(preset, tmp_path):
+    from attnlab.training.checkpoint import load_model_dir, save_model_dir
+    from attnlab.training.trainer import TrainConfig, build_optimizer
+
+    m = model(preset)
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before, tokens = m(ids), generate(m, ids, 12)
+    shapes = {k: v.shape for k, v in m.state_dict().items()}
+    decoding_layout_(m)
+    w = m.blocks.layers[0].ffn.w1.weight
+    assert not w.is_contiguous() and w.t().is_contiguous()  # (out, in), stored input-major
+    assert m.config.tie_embeddings == (m.lm_head.weight is m.embed.weight)
+    assert {k: v.shape for k, v in m.state_dict().items()} == shapes
+    with torch.no_grad():
+        assert torch.allclose(m(ids), before, atol=1e-5)
+    assert torch.equal(generate(m, ids, 12), tokens)
+    save_model_dir(tmp_path / "saved", m, m.config, {})
+    with torch.no_grad():
+        assert torch.equal(load_model_dir(tmp_path / "saved")[0](ids), m(ids))
+    m.train()  # still trains: gradients take the parameters' layout
+    opt = build_optimizer(m, TrainConfig(optimizer="adamw", weight_decay=0.1), 1e-2)
+    m(ids).logsumexp(-1).mean().backward()
+    old = w.detach().clone()
+    opt.step()
+    assert not torch.equal(w, old)
+    half = decoding_layout_(m.to(torch.bfloat16))  # bf16 reads row-major faster: restored
+    assert half.blocks.layers[0].ffn.w1.weight.is_contiguous()
