@@ -82,7 +82,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--models", nargs="+", default=["gpt2", "smollm2"],
-                   choices=["gpt2", "smollm2", *SIZES])
+                   choices=[*SIZES, "smollm2"])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--repeats", type=int, default=1, help="time the best of this many runs")
     p.add_argument("--bf16", action="store_true", help="both models' weights in bfloat16")

@@ -27,15 +27,15 @@ def bert_to_config(hf: dict) -> ModelConfig:
     hf = {**_DEFAULTS, **hf}
     act = hf.get("hidden_act", "gelu")
     if act not in _ACT:
-        raise ValueError(f"config.json: hidden_act={act!r} is not supported for bert "
+        raise ValueError(f"hidden_act={act!r} is not supported for bert "
                          f"(supported: {sorted(_ACT)})")
     kind = hf.get("position_embedding_type", "absolute")
     if kind != "absolute":
-        raise ValueError(f"config.json: position_embedding_type={kind!r} is not supported "
+        raise ValueError(f"position_embedding_type={kind!r} is not supported "
                          "(only 'absolute')")
     arch = (hf.get("architectures") or ["BertModel"])[0]
     if arch not in _CLASSES:
-        raise ValueError(f"config.json: architectures={arch!r} is not supported for bert "
+        raise ValueError(f"architectures={arch!r} is not supported for bert "
                          f"(supported: {sorted(_CLASSES)})")
     labels = hf.get("id2label")
     extra = {"hf_model_type": "bert"}

@@ -19,7 +19,7 @@ _LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=110
 def _require(hf: dict, field: str, allowed, what: str):
     value = hf.get(field)
     if value not in allowed:
-        raise ValueError(f"config.json: {field}={value!r} is not supported for {what} "
+        raise ValueError(f"{field}={value!r} is not supported for {what} "
                          f"(supported: {sorted(map(str, allowed))})")
     return value
 
@@ -81,14 +81,14 @@ def llama_to_config(hf: dict) -> ModelConfig:
     scaling = hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", scaling.get("rope_type", "default"))
     if rope_type != "default":
-        raise ValueError(f"config.json: rope_type={rope_type!r} is not supported (only 'default')")
+        raise ValueError(f"rope_type={rope_type!r} is not supported (only 'default')")
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
-        raise ValueError("config.json: attention_bias and mlp_bias must agree "
+        raise ValueError("attention_bias and mlp_bias must agree "
                          f"(got {hf.get('attention_bias')!r} and {hf.get('mlp_bias')!r})")
     d, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or d // heads
     if head_dim * heads != d:
-        raise ValueError(f"config.json: head_dim={head_dim} with {heads} heads != "
+        raise ValueError(f"head_dim={head_dim} with {heads} heads != "
                          f"hidden_size={d} (not supported)")
     return ModelConfig(
         arch="decoder", vocab_size=hf["vocab_size"], d_model=d, n_heads=heads,

@@ -16,7 +16,7 @@ _ACT = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "swish": "silu"
 
 def _same(hf: dict, a: str, b: str):
     if hf.get(a) != hf.get(b):
-        raise ValueError(f"config.json: {a}={hf.get(a)!r} and {b}={hf.get(b)!r} differ "
+        raise ValueError(f"{a}={hf.get(a)!r} and {b}={hf.get(b)!r} differ "
                          "(attnlab's encoder and decoder share one width)")
     return hf[a]
 
@@ -24,12 +24,12 @@ def _same(hf: dict, a: str, b: str):
 def marian_to_config(hf: dict) -> ModelConfig:
     act = hf.get("activation_function", "gelu")
     if act not in _ACT:
-        raise ValueError(f"config.json: activation_function={act!r} is not supported for "
+        raise ValueError(f"activation_function={act!r} is not supported for "
                          f"marian (supported: {sorted(_ACT)})")
     if not hf.get("share_encoder_decoder_embeddings", True):
-        raise ValueError("config.json: share_encoder_decoder_embeddings=False is not supported")
+        raise ValueError("share_encoder_decoder_embeddings=False is not supported")
     if hf.get("normalize_before", False):
-        raise ValueError("config.json: normalize_before=True is not supported (Marian is "
+        raise ValueError("normalize_before=True is not supported (Marian is "
                          "post-LN)")
     pad = hf.get("pad_token_id", hf["vocab_size"] - 1)
     return ModelConfig(

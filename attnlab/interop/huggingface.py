@@ -112,9 +112,8 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
         config = family.to_config(hf)
     except KeyError as e:
         raise ValueError(f"{folder / 'config.json'}: missing field {e}") from None
-    except (TypeError, ValueError) as e:  # name the file; our field names follow in the text
-        raise ValueError(f"{folder / 'config.json'}: {str(e).removeprefix('config.json: ')}"
-                         ) from None
+    except (TypeError, ValueError) as e:  # the families say what; this says which file
+        raise ValueError(f"{folder / 'config.json'}: {e}") from None
     weights = read_hf_weights(folder)
     model = build_model(config)
     tied = _tied_names(model)
