@@ -8,7 +8,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo venv lint clean
+# An AVX2-only CPU (no AVX-512, no AMX, no native bf16), what most laptops are, emulated on
+# any x86 machine: ATen's and oneDNN's kernels limited to AVX2, attnlab's bf16 detection off.
+AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATTNLAB_NATIVE_BF16=0
+
+.PHONY: test test-avx2 demo venv lint clean
 
 venv: $(STAMP)
 
@@ -25,6 +29,10 @@ $(STAMP): pyproject.toml Makefile
 test: $(STAMP)
 	$(BIN)/ruff check attnlab tests benchmarks
 	$(BIN)/python -m pytest
+
+# The suite again on the emulated AVX2 CPU (CI runs both).
+test-avx2: $(STAMP)
+	$(AVX2) $(BIN)/python -m pytest
 
 demo: $(STAMP)
 	$(BIN)/attnlab demo

@@ -1,9 +1,15 @@
 """attnlab: the Transformer, BERT and GPT from readable, tested parts on PyTorch."""
 
-from attnlab.config import PRESETS, ModelConfig
-from attnlab.interop import from_pretrained, save_pretrained
-from attnlab.models import BERT, GPT, Transformer, build_model
-from attnlab.params import count_parameters, parameter_breakdown
+from attnlab import hardware
+
+# Before any bf16 matrix product: a CPU that lists AMX in a system that does not enable it
+# would die with SIGILL (see attnlab.hardware).
+hardware.guard_amx()
+
+from attnlab.config import PRESETS, ModelConfig  # noqa: E402
+from attnlab.interop import from_pretrained, save_pretrained  # noqa: E402
+from attnlab.models import BERT, GPT, Transformer, build_model  # noqa: E402
+from attnlab.params import count_parameters, parameter_breakdown  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +29,43 @@ def _parse_override(text: str) -> tuple[str, object]:
         return key, value  # a bare string such as positional=rope
 
 
+def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> None:
+    """``--device`` and ``--precision`` (attnlab.hardware decides what ``auto`` means);
+    ``legacy`` keeps ``--bf16`` or ``--fp32`` as a deprecated alias for one release."""
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps (default: auto)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="auto: bf16 where the hardware runs it natively and faster than fp32, "
+                        "fp16 with loss scaling on a CUDA GPU without bf16, else fp32 (default: "
+                        "$ATTNLAB_PRECISION, else auto; 'attnlab info --hardware' shows it)")
+    if legacy:
+        p.add_argument(legacy, dest="legacy_precision", action="store_const",
+                       const=legacy.removeprefix("--"),
+                       help=f"deprecated alias of --precision {legacy.removeprefix('--')}")
+
+
+def runtime(args: argparse.Namespace, say=None) -> tuple[object, str]:
+    """``(device, precision)`` from ``--device``/``--precision`` (and the deprecated alias);
+    ``say`` (e.g. print) gets a line naming the choice and, for auto, why."""
+    from attnlab import hardware
+
+    asked = args.precision
+    legacy = getattr(args, "legacy_precision", None)
+    if legacy:
+        warnings.warn(f"--{legacy} is deprecated and goes in the next release; use "
+                      f"--precision {legacy}", FutureWarning, stacklevel=2)
+        if asked not in (None, legacy):
+            raise UsageError(f"--{legacy} contradicts --precision {asked}")
+        asked = legacy
+    device = hardware.pick_device(args.device)
+    precision = hardware.pick_precision(asked, device)
+    if say is not None:
+        auto = (asked or os.environ.get("ATTNLAB_PRECISION") or "auto") == "auto"
+        why = f" (auto: {hardware.auto_precision(device)[1]})" if auto else ""
+        say(f"device {device}, precision {precision}{why}")
+    return device, precision
+
+
 def preset_config(args: argparse.Namespace, arch: str, what: str, suggestion: str):
     """``--preset`` with its ``--set`` overrides, which must be of architecture ``arch``."""
     from attnlab import ModelConfig
@@ -42,8 +81,11 @@ def preset_config(args: argparse.Namespace, arch: str, what: str, suggestion: st
 def cmd_info(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab import ModelConfig, build_model, parameter_breakdown
+    from attnlab import ModelConfig, build_model, hardware, parameter_breakdown
 
+    if args.hardware:
+        print("\n".join(hardware.describe(args.device)))
+        return
     overrides = dict(_parse_override(s) for s in args.set)
     config = ModelConfig.from_preset(args.preset, **overrides)
     with torch.device("meta"):  # shapes only: no memory, no initialisation time
@@ -88,12 +130,14 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
 
     overrides = dict(_parse_override(s) for s in args.set)
     model_config = ModelConfig.from_preset(args.preset, **overrides)
+    device, precision = runtime(args, say=print)
     corpus = load_corpus(args.task, args.src, args.tgt, n_train=args.n_train, seed=args.seed)
     schedule = NoamSchedule(model_config.d_model, args.warmup, args.lr_factor)
     train_config = TrainConfig(
         steps=args.steps, max_tokens=args.max_tokens, accumulate=args.accumulate,
-        bf16=args.bf16, compile=args.compile, seed=args.seed, save_every=args.save_every,
-        keep_last=args.keep_last, time_budget=args.time_budget, label_smoothing=args.smoothing,
+        precision=precision, device=str(device), compile=args.compile, seed=args.seed,
+        save_every=args.save_every, keep_last=args.keep_last, time_budget=args.time_budget,
+        label_smoothing=args.smoothing,
         schedule=schedule_to_dict(schedule), progress=not args.no_progress,
     )
     shared = None
@@ -127,9 +171,11 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     from attnlab.training.trainer import TrainConfig
 
     model_config = preset_config(args, "decoder", "a decoder-only", "gpt-mini or llama-mini")
+    device, precision = runtime(args, say=print)
     schedule = CosineSchedule(args.lr, args.warmup, args.steps, args.min_lr)
     train_config = TrainConfig(
-        steps=args.steps, accumulate=args.accumulate, bf16=args.bf16, compile=args.compile,
+        steps=args.steps, accumulate=args.accumulate, precision=precision,
+        device=str(device), compile=args.compile,
         seed=args.seed, save_every=args.save_every, keep_last=args.keep_last,
         label_smoothing=0.0, schedule=schedule_to_dict(schedule), optimizer="adamw",
         weight_decay=args.weight_decay, betas=(0.9, 0.95), eps=1e-8,
@@ -161,7 +207,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from attnlab.generation.decoder_only import check_decoding
     from attnlab.interop.loading import load_for_generation
 
-    model, tok = load_for_generation(args.model, int4=args.int4)
+    device, precision = runtime(args)
+    model, tok = load_for_generation(args.model, int4=args.int4, device=device,
+                                     precision=precision)
     ids = tok.encode(args.prompt)
     if not ids:  # nothing to condition on: start from the beginning-of-sequence token
         if getattr(tok, "bos_id", None) is None:
@@ -200,9 +248,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     sys.stdout.write(args.prompt)
     eos = None if args.ignore_eos else getattr(tok, "eos_id", None)
-    generate(model, torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature,
-             top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-             eos_id=eos, generator=generator, on_token=stream)
+    generate(model, torch.tensor([ids], device=device), args.max_new_tokens,
+             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+             repetition_penalty=args.repetition_penalty, eos_id=eos, generator=generator,
+             on_token=stream)
     sys.stdout.write("\n")
 
 
@@ -214,20 +263,25 @@ def cmd_average(args: argparse.Namespace) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
+    from attnlab import hardware
     from attnlab.cli_translate import load_translation_model
     from attnlab.training.recipes import translate
 
-    model, toks = load_translation_model(args.model)
+    device, precision = runtime(args)
+    model, toks = load_translation_model(args.model, device)
     sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
-    for hyp in translate(model, toks["source"], toks["target"], sentences):
+    with hardware.autocast(device, precision):
+        hyps = translate(model, toks["source"], toks["target"], sentences)
+    for hyp in hyps:
         print(hyp)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from attnlab.demo import run_demo
 
+    device, precision = runtime(args, say=print)
     result = run_demo(args.out, steps=args.steps, time_budget=args.time_budget, n_test=args.n_test,
-                      n_train=args.n_train, bf16=not args.fp32)
+                      n_train=args.n_train, precision=precision, device=str(device))
     if args.min_accuracy is not None and result["accuracy"] < args.min_accuracy:
         raise UsageError(f"held-out exact match {result['accuracy']:.1%} is below "
                          f"--min-accuracy {args.min_accuracy:.1%}")
@@ -246,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="preset name (base, big, small, tiny, gpt2, gpt-mini, llama, ...)")
     info.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config field, e.g. --set positional=rope")
+    info.add_argument("--hardware", action="store_true",
+                      help="print the detected hardware and what --precision auto chooses")
+    info.add_argument("--device", default="auto", help="with --hardware: the device to decide for")
     info.set_defaults(func=cmd_info)
 
     train = sub.add_parser("train", help="train a model", description="Train a model.")
@@ -278,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--keep-last", type=int, default=5)
     tt.add_argument("--average-last", type=int, default=0, metavar="N",
                     help="after training, average the last N checkpoints into OUT/final")
-    tt.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU with AMX, or CUDA)")
+    add_runtime_args(tt, legacy="--bf16")
     tt.add_argument("--compile", action="store_true", help="torch.compile the model")
     tt.add_argument("--seed", type=int, default=0)
     tt.add_argument("--n-train", type=int, default=200_000, help="numbers task: pairs")
@@ -319,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--resume", action="store_true")
     lm.add_argument("--save-every", type=int, default=500)
     lm.add_argument("--keep-last", type=int, default=3)
-    lm.add_argument("--bf16", action="store_true")
+    add_runtime_args(lm, legacy="--bf16")
     lm.add_argument("--compile", action="store_true")
     lm.add_argument("--seed", type=int, default=0)
     lm.add_argument("--no-progress", action="store_true")
@@ -341,12 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--int4", action="store_true",
                      help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
+    add_runtime_args(gen)
     gen.set_defaults(func=cmd_generate)
 
     tr = sub.add_parser("translate", help="translate with a trained model",
                         description="Translate the given sentences, or stdin line by line.")
     tr.add_argument("--model", required=True, help="checkpoint or run folder")
     tr.add_argument("text", nargs="*", help="sentences (default: read stdin)")
+    add_runtime_args(tr)
     tr.set_defaults(func=cmd_translate)
 
     demo = sub.add_parser("demo", help="the main job: numbers EN->DE in a few minutes",
@@ -357,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--time-budget", type=float, help="stop training after this many seconds")
     demo.add_argument("--n-train", type=int, default=200_000)
     demo.add_argument("--n-test", type=int, default=500)
-    demo.add_argument("--fp32", action="store_true", help="train in float32 instead of bf16")
+    add_runtime_args(demo, legacy="--fp32")
     demo.add_argument("--min-accuracy", type=float, help="fail (exit 2) below this")
     demo.set_defaults(func=cmd_demo)
 
@@ -369,11 +428,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, *rest, **kwargs) -> None:
+    print(f"attnlab: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from attnlab import hardware
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    hardware.use_threads()
     try:
-        args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            args.func(args)
     except (UsageError, ValueError, FileNotFoundError, TypeError, RuntimeError) as e:
         print(f"attnlab {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -10,12 +10,15 @@ from pathlib import Path
 
 
 def _train_config(args: argparse.Namespace, steps: int):
+    from attnlab.cli import runtime
     from attnlab.training.schedule import LinearSchedule, schedule_to_dict
     from attnlab.training.trainer import TrainConfig
 
+    device, precision = runtime(args, say=print)
     return TrainConfig(
-        steps=steps, accumulate=1, bf16=args.bf16, seed=args.seed, save_every=args.save_every,
-        keep_last=2, label_smoothing=0.0, optimizer="adamw", weight_decay=args.weight_decay,
+        steps=steps, accumulate=1, precision=precision, device=str(device), seed=args.seed,
+        save_every=args.save_every, keep_last=2, label_smoothing=0.0, optimizer="adamw",
+        weight_decay=args.weight_decay,
         betas=(0.9, 0.999), eps=1e-6, eval_every=args.eval_every,
         schedule=schedule_to_dict(LinearSchedule(args.lr, args.warmup, steps)),
         progress=not args.no_progress, time_budget=args.time_budget,
@@ -58,24 +61,39 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return texts
 
 
-def cmd_classify(args: argparse.Namespace) -> None:
-    from attnlab.encoding import classify_texts, load_encoder
+def _encoder(args: argparse.Namespace):
+    """The ``--model`` encoder on ``--device``, and the precision to run it in."""
+    from attnlab.cli import runtime
+    from attnlab.encoding import load_encoder
 
+    device, precision = runtime(args)
     enc = load_encoder(args.model)
+    enc.model.to(device)
+    return enc, device, precision
+
+
+def cmd_classify(args: argparse.Namespace) -> None:
+    from attnlab import hardware
+    from attnlab.encoding import classify_texts
+
+    enc, device, precision = _encoder(args)
     labels = enc.labels or [str(i) for i in range(enc.model.config.num_labels)]
     texts = _texts(args)
-    probs = classify_texts(enc, texts)
+    with hardware.autocast(device, precision):
+        probs = classify_texts(enc, texts)
     for text, p in zip(texts, probs, strict=True):
         best = int(p.argmax())
         print(f"{labels[best]}\t{float(p[best]):.4f}\t{text[:80]}")
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
-    from attnlab.encoding import embed_sentences, load_encoder
+    from attnlab import hardware
+    from attnlab.encoding import embed_sentences
 
-    enc = load_encoder(args.model)
+    enc, device, precision = _encoder(args)
     texts = _texts(args)
-    vectors = embed_sentences(enc, texts, normalize=not args.no_normalize)
+    with hardware.autocast(device, precision):
+        vectors = embed_sentences(enc, texts, normalize=not args.no_normalize).float()
     if args.json:
         for text, v in zip(texts, vectors, strict=True):
             print(json.dumps({"text": text, "embedding": [round(x, 6) for x in v.tolist()]}))
@@ -93,6 +111,8 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
 
 def _common_training(p: argparse.ArgumentParser, lr: float, warmup: int) -> None:
+    from attnlab.cli import add_runtime_args
+
     p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=warmup, help="linear warmup steps")
     p.add_argument("--weight-decay", type=float, default=0.01)
@@ -101,12 +121,14 @@ def _common_training(p: argparse.ArgumentParser, lr: float, warmup: int) -> None
     p.add_argument("--time-budget", type=float, help="stop after this many seconds")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--save-every", type=int, default=500)
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU with AMX, or CUDA)")
+    add_runtime_args(p, legacy="--bf16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
 
 
 def add_commands(sub, train_sub) -> None:
+    from attnlab.cli import add_runtime_args
+
     mlm = train_sub.add_parser(
         "mlm", help="masked-LM pretraining of a BERT on a text file",
         description="BERT pretraining: 15% of tokens selected (80% [MASK], 10% random, "
@@ -147,6 +169,7 @@ def add_commands(sub, train_sub) -> None:
                        description="Print the predicted label, its probability and the text.")
     c.add_argument("--model", required=True, help="run folder from 'attnlab train classify'")
     c.add_argument("text", nargs="*", help="texts (default: stdin, one per line)")
+    add_runtime_args(c)
     c.set_defaults(func=cmd_classify)
 
     e = sub.add_parser("embed", help="sentence embeddings and their cosine similarities",
@@ -156,4 +179,5 @@ def add_commands(sub, train_sub) -> None:
     e.add_argument("--json", action="store_true", help="print full vectors as JSON lines")
     e.add_argument("--no-normalize", action="store_true", help="skip the L2 normalisation")
     e.add_argument("text", nargs="*", help="sentences (default: stdin, one per line)")
+    add_runtime_args(e)
     e.set_defaults(func=cmd_embed)

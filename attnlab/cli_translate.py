@@ -32,31 +32,35 @@ def cmd_tokenize_encode(args: argparse.Namespace) -> None:
             print(" ".join(pieces))
 
 
-def load_translation_model(path: str):
+def load_translation_model(path: str, device=None):
     """``(model, tokenizers)`` from a run or model folder, refusing other architectures."""
     from attnlab.training.checkpoint import load_model_dir
 
     model, config, toks = load_model_dir(path)
     if config.arch != "encoder-decoder" or "source" not in toks:
         raise ValueError(f"{path}: arch={config.arch!r} is not a translation model")
-    return model, toks
+    return (model.to(device) if device is not None else model), toks
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from sacrebleu.metrics import BLEU, CHRF
 
+    from attnlab import hardware
+    from attnlab.cli import runtime
     from attnlab.data import read_lines
     from attnlab.training.recipes import translate
 
-    model, toks = load_translation_model(args.model)
+    device, precision = runtime(args)
+    model, toks = load_translation_model(args.model, device)
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise ValueError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
     start = time.perf_counter()
-    hyps = translate(model, toks["source"], toks["target"], src, batch_size=args.batch,
-                     beam_size=args.beam, alpha=args.alpha)
+    with hardware.autocast(device, precision):
+        hyps = translate(model, toks["source"], toks["target"], src, batch_size=args.batch,
+                         beam_size=args.beam, alpha=args.alpha)
     seconds = time.perf_counter() - start
     n_tokens = sum(len(toks["target"].encode(h)) + 1 for h in hyps)  # + eos
     bleu_metric, chrf_metric = BLEU(), CHRF()
@@ -67,7 +71,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(f"chrF = {chrf.score:.2f}")
     print(f"decoding: {len(src)} sentences in {seconds:.1f} s: {len(src) / seconds:.1f} "
           f"sentences/s, {n_tokens / seconds:.0f} tokens/s "
-          f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})")
+          f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'}; "
+          f"{precision} on {device})")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hyps)
@@ -105,4 +110,7 @@ def add_commands(sub) -> None:
     ev.add_argument("--batch", type=int, default=64, help="sentences per batch")
     ev.add_argument("--limit", type=int, help="only the first N sentences")
     ev.add_argument("--out", help="write the translations here")
+    from attnlab.cli import add_runtime_args
+
+    add_runtime_args(ev)
     ev.set_defaults(func=cmd_evaluate)

@@ -26,8 +26,8 @@ EXAMPLES = ["forty-two", "seven hundred twenty-one thousand three hundred ninety
 
 
 def run_demo(out_dir: str = "runs/demo", steps: int = 2000, time_budget: float | None = None,
-             n_train: int = 200_000, n_test: int = 500, seed: int = 0, bf16: bool = True,
-             log=print) -> dict:
+             n_train: int = 200_000, n_test: int = 500, seed: int = 0,
+             precision: str = "auto", device: str = "auto", log=print) -> dict:
     out = Path(out_dir)
     if (out / "checkpoints").exists():  # the demo's own scratch folder: start afresh
         log(f"removing the previous demo run in {out}")
@@ -39,8 +39,8 @@ def run_demo(out_dir: str = "runs/demo", steps: int = 2000, time_budget: float |
         + (f" or {time_budget:.0f} s, whichever comes first" if time_budget else ""))
     model_config = ModelConfig.from_preset("tiny", **DEMO_MODEL)
     train_config = TrainConfig(
-        steps=steps, max_tokens=4096, bf16=bf16, seed=seed, save_every=500, keep_last=3,
-        time_budget=time_budget,
+        steps=steps, max_tokens=4096, precision=precision, device=device, seed=seed,
+        save_every=500, keep_last=3, time_budget=time_budget,
         schedule=schedule_to_dict(NoamSchedule(d_model=128, warmup=300, factor=0.5)),
     )
     start = time.perf_counter()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnlab import hardware
 from attnlab.nn.attention import _explicit
 
 SHAPES = [(64, 4, 64, 32), (8, 12, 256, 64), (4, 12, 512, 64), (4, 12, 1024, 64)]
@@ -42,6 +43,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
+    print(hardware.report())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per fwd+bwd")
     print("| dtype | (batch, heads, len, d_k) | flash | math | composed |")
     print("|---|---|---|---|---|")

@@ -17,7 +17,7 @@ import time
 import torch
 import transformers
 
-from attnlab import from_pretrained
+from attnlab import from_pretrained, hardware
 
 
 def reference_model(kind: str):
@@ -79,6 +79,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--len", type=int, default=128)
     args = p.parse_args()
+    print(hardware.report())
     print(f"{args.model}: batch {args.batch} × {args.len}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     print("| precision | attnlab sentences/s | transformers sentences/s | ratio | max diff |")

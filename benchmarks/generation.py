@@ -27,7 +27,7 @@ from functools import partial
 import torch
 import transformers
 
-from attnlab import from_pretrained
+from attnlab import from_pretrained, hardware
 from attnlab.generation import decoding_layout_, generate
 from attnlab.nn.quantized import quantize_int4
 
@@ -85,10 +85,14 @@ def main() -> None:
                    choices=[*SIZES, "smollm2"])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--repeats", type=int, default=1, help="time the best of this many runs")
-    p.add_argument("--bf16", action="store_true", help="both models' weights in bfloat16")
+    p.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16"],
+                   help="both models' weights: fp32 or bf16 (auto: attnlab.hardware's "
+                        "choice for this CPU)")
     p.add_argument("--int4", action="store_true",
                    help="attnlab with 4-bit weights; transformers in fp32 and in bf16")
     args = p.parse_args()
+    print(hardware.report())
+    args.bf16 = hardware.pick_precision(args.precision, torch.device("cpu")) == "bf16"
     n = args.new_tokens
     mode = "int4 vs fp32 and bf16" if args.int4 else "bf16" if args.bf16 else "fp32"
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from attnlab import ModelConfig
+from attnlab import ModelConfig, hardware
 from attnlab.data import read_lines
 from attnlab.tokenizers import BPETokenizer
 from attnlab.training.checkpoint import load_model_dir, write_average
@@ -49,9 +49,11 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--limit", type=int, help="score only the first N test sentences")
-    p.add_argument("--fp32", action="store_true")
+    p.add_argument("--precision", default="auto", choices=hardware.PRECISIONS,
+                   help="auto: what attnlab.hardware picks for this machine")
     p.add_argument("--out", default="runs/multi30k")
     args = p.parse_args()
+    print(hardware.report())
     data = Path(args.data)
     if not data.exists():
         raise SystemExit(f"Multi30k not found at {data}")
@@ -65,7 +67,8 @@ def main() -> None:
         n_encoder_layers=args.layers, n_decoder_layers=args.layers, dropout=args.dropout,
         max_len=256)
     train_config = TrainConfig(
-        steps=10**6, max_tokens=args.max_tokens, bf16=not args.fp32, label_smoothing=0.1,
+        steps=10**6, max_tokens=args.max_tokens, precision=args.precision,
+        label_smoothing=0.1,
         schedule=schedule_to_dict(NoamSchedule(args.d_model, args.warmup, args.lr_factor)),
         save_every=args.save_every, keep_last=args.average, time_budget=args.minutes * 60,
         progress=False, log_every=100)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from attnlab import from_pretrained
+from attnlab import from_pretrained, hardware
 from attnlab.data.lm import LMBatches, eval_windows
 from attnlab.tokenizers import CharTokenizer
 from attnlab.training.schedule import CosineSchedule
@@ -51,7 +51,8 @@ def val_loss(model, batches, hf: bool, bf16: bool) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--iters", type=int, default=2000)
-    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16"],
+                   help="autocast precision of both models (auto: attnlab.hardware's choice)")
     p.add_argument("--text", default=str(DATA))
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--min-lr", type=float, default=1e-4)
@@ -59,6 +60,8 @@ def main() -> None:
     p.add_argument("--beta2", type=float, default=0.99)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    print(hardware.report())
+    args.bf16 = hardware.pick_precision(args.precision, torch.device("cpu")) == "bf16"
     text = Path(args.text).read_text()
     tok = CharTokenizer.train([text])
     ids = torch.tensor(tok.encode(text))

@@ -16,7 +16,7 @@ import time
 import torch
 from torch import nn
 
-from attnlab import ModelConfig, Transformer
+from attnlab import ModelConfig, Transformer, hardware
 from attnlab.nn import sinusoidal_table
 from attnlab.training.loss import label_smoothed_loss
 
@@ -77,6 +77,7 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--len", type=int, default=32)
     args = p.parse_args()
+    print(hardware.report())
     cfg = ModelConfig.from_preset(args.preset, dropout=0.1)
     batches = make_batches(cfg, args.steps + args.warmup, args.batch, args.len)
     print(f"preset {args.preset}: d_model {cfg.d_model}, {cfg.n_encoder_layers}+"

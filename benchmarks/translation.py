@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from attnlab import ModelConfig, Transformer
+from attnlab import ModelConfig, Transformer, hardware
 from attnlab.generation import beam_search, greedy_decode
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -105,6 +105,7 @@ def main():
     p.add_argument("--decode", type=int, default=64, help="sentences to decode")
     p.add_argument("--max-len", type=int, default=40, help="decoded length (with bos)")
     args = p.parse_args()
+    print(hardware.report())
     # The `small` preset in Marian's shape (sines-then-cosines positions, an output bias).
     cfg = ModelConfig.from_preset("small", dropout=0.1, positional="sinusoidal-split",
                                   output_bias=True, bos_id=0)

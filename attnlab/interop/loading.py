@@ -6,10 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 
-def load_for_generation(path: str | os.PathLike, int4: bool = False):
-    """``(model, tokenizer)`` in eval mode; ``int4`` gives 4-bit weight matrices with bf16
-    activations (a GGUF file's own Q4_1 codes, or else the float weights quantised)."""
+
+def load_for_generation(path: str | os.PathLike, int4: bool = False, device=None,
+                        precision: str = "fp32"):
+    """``(model, tokenizer)`` in eval mode on ``device`` (default CPU), its weights in
+    ``precision`` (fp32, bf16 or fp16: decoding reads every weight once per token, so half
+    the bytes is what makes it faster); ``int4`` gives 4-bit weight matrices with bf16
+    activations (a GGUF file's own Q4_1 codes, or else the float weights quantised), which
+    run on the CPU only."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
@@ -25,6 +31,13 @@ def load_for_generation(path: str | os.PathLike, int4: bool = False):
             from attnlab.nn.quantized import quantize_int4
 
             model = quantize_int4(model)
+    if int4:
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"--int4 runs on the CPU only, not on {device}")
+    else:
+        from attnlab.hardware import DTYPES
+
+        model = model.to(device=device, dtype=DTYPES[precision])
     return decoding_layout_(model), tok  # fp32 matrices input-major: faster decoding
 
 

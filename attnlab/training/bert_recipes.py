@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab import hardware
 from attnlab.config import ModelConfig
 from attnlab.data.classify import (
     ClassifyBatches,
@@ -57,7 +58,7 @@ def train_mlm(text_path: str | Path, out_dir: str | Path, model_config: ModelCon
         max_len=max(model_config.max_len, max_len), pad_id=tok.pad_id, unk_id=tok.unk_id,
         bos_id=tok.cls_id, eos_id=tok.sep_id)
     torch.manual_seed(train_config.seed)
-    model = BERT(config).to(distributed.default_device())
+    model = BERT(config).to(hardware.pick_device(train_config.device))
     val = MLMBatches(sentences[split:], tok, max_len, batch_size, seed=10_007, nsp=nsp)
     val_batches = [val.batch(i) for i in range(max(1, min(20, (len(lines) - split) // 4)))]
     if rank == 0:
@@ -108,7 +109,7 @@ def train_classify(data: str | Path, text_field: str, label_field: str, init: st
         raise ValueError(f"{data}: the training split has fewer than 2 labels")
     model, tok, model_max = classifier_from(init, labels)
     max_len = min(max_len, model_max)
-    device = distributed.default_device()
+    device = hardware.pick_device(train_config.device)
     model = model.to(device)
     rows = {name: encode_examples(part, tok, labels, max_len)
             for name, part in (("train", train), ("val", val), ("test", test))}

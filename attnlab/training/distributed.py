@@ -34,13 +34,6 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def default_device() -> torch.device:
-    """This process's GPU (LOCAL_RANK under torchrun) when CUDA is available, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
 def wrap(model: nn.Module) -> nn.Module:
     if not is_distributed():
         return model

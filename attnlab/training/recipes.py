@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab import hardware
 from attnlab.config import ModelConfig
 from attnlab.data import TranslationBatches, filter_by_length, numbers_corpus, read_parallel
 from attnlab.data.batching import pad
@@ -88,7 +89,7 @@ def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelCo
     if rank == 0:
         log(f"data: {report}; vocabularies {src_tok.vocab_size} (source) and "
             f"{tgt_tok.vocab_size} (target)")
-    model = Transformer(model_config).to(distributed.default_device())
+    model = Transformer(model_config).to(hardware.pick_device(train_config.device))
     batches = TranslationBatches(src, tgt, train_config.max_tokens, seed=train_config.seed)
     tokenizers = {"source": src_tok.to_dict(), "target": tgt_tok.to_dict()}
     trainer = Trainer(model, batches, train_config, out_dir, tokenizers, model_config)
@@ -171,7 +172,7 @@ def train_lm(text_path: str | Path, out_dir: str | Path, model_config: ModelConf
     model_config.vocab_size = tok.vocab_size
     model_config.max_len = max(model_config.max_len, block)
     torch.manual_seed(train_config.seed)
-    model = GPT(model_config).to(distributed.default_device())
+    model = GPT(model_config).to(hardware.pick_device(train_config.device))
     if rank == 0:
         log(f"data: {len(train_ids):,} training and {len(val_ids):,} validation tokens "
             f"({tokenizer} tokenizer, vocabulary {tok.vocab_size})")

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab import hardware
 from attnlab.training.loss import LossSums, label_smoothed_loss
 
 
@@ -108,14 +109,15 @@ def classification_metrics(model: nn.Module, batches, device: torch.device,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, task, batches, device: torch.device, bf16: bool = False) -> float:
+def evaluate(model: nn.Module, task, batches, device: torch.device,
+             precision: str = "fp32") -> float:
     """Mean negative log-likelihood per target token over ``batches``."""
     was_training = model.training
     model.eval()
     nll = tokens = 0.0
     for batch in batches:
         batch = tuple(t.to(device) for t in batch)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        with hardware.autocast(device, precision):
             sums = task.loss(model, batch)
         nll += sums.nll.item()
         tokens += sums.tokens

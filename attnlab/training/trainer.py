@@ -4,7 +4,8 @@ Each optimizer step:
 
 1. take ``accumulate`` micro-batches and count their real target tokens N (summed over all
    ranks when distributed), so the step optimises Σ loss / N of the whole global batch;
-2. forward under bf16 autocast when asked, label-smoothed loss, backward;
+2. forward under bf16/fp16 autocast when asked (fp16 with dynamic loss scaling),
+   label-smoothed loss, backward;
 3. clip the global gradient norm, set the scheduled learning rate, Adam step;
 4. stop at once, keeping the last good checkpoint, if the loss is NaN or inf.
 
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab import hardware
 from attnlab.config import check_at_least
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
@@ -54,7 +56,10 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     schedule: dict[str, Any] = field(default_factory=lambda: schedule_to_dict(NoamSchedule()))
-    bf16: bool = False
+    # "fp32", "bf16", "fp16" or "auto" (attnlab.hardware decides for the device); the CLI
+    # passes its --precision here. The library default stays fp32: same numbers everywhere.
+    precision: str = "fp32"
+    device: str = "auto"  # where recipes build the model: auto, cpu, cuda[:N], mps
     compile: bool = False
     seed: int = 0
     save_every: int = 500
@@ -75,6 +80,9 @@ class TrainConfig:
             raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
         if not self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be < 1, got {self.label_smoothing!r}")
+        if self.precision not in hardware.PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: expected one of "
+                             f"{', '.join(hardware.PRECISIONS)}")
 
 
 def _fault_hook():
@@ -129,6 +137,8 @@ class Trainer:
                     else Seq2Seq(model_config.pad_id, config.label_smoothing))
         self.task, self.val_batches = task, val_batches
         self.device = next(model.parameters()).device
+        self.precision = hardware.pick_precision(config.precision, self.device)
+        self.scaler = hardware.grad_scaler(self.device, self.precision)  # fp16 only
         self.train_model = distributed.wrap(model)
         if config.compile:
             self.train_model = torch.compile(self.train_model)
@@ -149,6 +159,7 @@ class Trainer:
             "schedule": self.cfg.schedule,
             "best_val": self.best_val,
             "evals_since_best": self.evals_since_best,
+            **({"scaler": self.scaler.state_dict()} if self.scaler else {}),
         }
 
     def save(self) -> Path | None:
@@ -171,6 +182,8 @@ class Trainer:
         self.step = int(state["step"])
         self.best_val = float(state.get("best_val", math.inf))
         self.evals_since_best = int(state.get("evals_since_best", 0))
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         if self.rank > 0:  # only rank 0's RNG state is saved; other ranks re-seed dropout
             torch.manual_seed(self.cfg.seed + self.rank + 7919 * self.step)
         if self.is_main and self.metrics_path.exists():  # drop rows the resumed run redoes
@@ -193,9 +206,10 @@ class Trainer:
         loss_sum = nll_sum = 0.0
         src_tokens = 0
         for batch in micro:
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+            with hardware.autocast(self.device, self.precision):
                 sums = self.task.loss(self.train_model, batch)
-            (sums.loss * scale).backward()
+            scaled = sums.loss * scale
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += sums.loss.item()
             nll_sum += sums.nll.item()
             src_tokens += self.task.source_tokens(batch)
@@ -208,9 +222,15 @@ class Trainer:
                 f"loss became {loss_sum} at step {self.step + 1}; training stopped, last good "
                 f"checkpoint: {kept[-1] if kept else 'none written yet'}"
             )
+        if self.scaler:  # clip the true gradients; an overflowing step is skipped by step()
+            self.scaler.unscale_(self.optimizer)
         grad_norm = (nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
                      if self.cfg.clip_norm else torch.tensor(0.0))
-        self.optimizer.step()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return {"loss": loss_sum / global_tokens, "nll": nll_sum / global_tokens,
@@ -259,7 +279,7 @@ class Trainer:
                 if self.val_batches and self.cfg.eval_every and (
                         self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
                     row["val_loss"] = evaluate(self.model, self.task, self.val_batches,
-                                               self.device, self.cfg.bf16)
+                                               self.device, self.precision)
                     stop_early = self._track_best(row["val_loss"])
                 else:
                     stop_early = False

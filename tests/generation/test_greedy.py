@@ -8,6 +8,7 @@ from attnlab.data import TranslationBatches
 from attnlab.generation import greedy_decode
 from attnlab.training import TrainConfig, Trainer
 from attnlab.training.schedule import NoamSchedule, schedule_to_dict
+from tests.criteria import train_until
 
 
 def test_cached_and_uncached_greedy_are_identical():
@@ -22,7 +23,9 @@ def test_cached_and_uncached_greedy_are_identical():
 
 
 def test_copy_task_learns_exact_copies(tmp_path):
-    # The Annotated Transformer's sanity check: vocabulary of 11 (4 specials + 7 symbols).
+    # The Annotated Transformer's sanity check: vocabulary of 11 (4 specials + 7 symbols). It
+    # trains until 50 unseen sequences are copied exactly; how many steps that takes depends on
+    # the CPU's rounding (500 to 600 here), so the cap is generous and fails loudly.
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     seqs = torch.randint(4, 11, (4000, 8), generator=g).tolist()
@@ -30,16 +33,25 @@ def test_copy_task_learns_exact_copies(tmp_path):
     tgt = [[2] + s + [3] for s in seqs]
     cfg = ModelConfig.from_preset("tiny", vocab_size=11, dropout=0.0, d_model=64, max_len=32)
     model = Transformer(cfg)
-    # 600 steps, not 500: at 500 a rounding-level change (the fused Adam kernel) left 49/50.
-    train_cfg = TrainConfig(steps=600, max_tokens=1600, progress=False, save_every=10_000,
+    train_cfg = TrainConfig(steps=1, max_tokens=1600, progress=False, save_every=10_000,
                             schedule=schedule_to_dict(NoamSchedule(64, warmup=200, factor=1.0)))
-    Trainer(model, TranslationBatches(src, tgt, 1600, seed=0), train_cfg, tmp_path,
-            {}, cfg).fit()
-    model.eval()
+    trainer = Trainer(model, TranslationBatches(src, tgt, 1600, seed=0), train_cfg, tmp_path,
+                      {}, cfg)
     test = torch.randint(4, 11, (50, 8), generator=torch.Generator().manual_seed(1))
-    out = greedy_decode(model, torch.cat([test, torch.full((50, 1), 3)], 1))
-    assert torch.equal(out[:, 1:9], test), f"{(out[:, 1:9] == test).all(1).float().mean():.0%}"
-    assert (out[:, 9] == 3).all()
+    test_src = torch.cat([test, torch.full((50, 1), 3)], 1)
+
+    def hundred_steps():
+        trainer.cfg.steps = trainer.step + 100
+        trainer.fit()
+
+    def copies():
+        model.eval()
+        out = greedy_decode(model, test_src)
+        model.train()
+        right = (out[:, 1:9] == test).all(1) & (out[:, 9] == 3)
+        return bool(right.all()), f"{int(right.sum())}/50 copied exactly"
+
+    train_until(hundred_steps, copies, "copy task", every=1, cap=20, unit="rounds of 100 steps")
 
 
 def test_compiled_training_matches_eager(tmp_path):
