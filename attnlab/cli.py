@@ -232,7 +232,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         name, rest = str(e).split(" ", 1)
         raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
     printed = ""
 
     def stream(new_ids) -> bool:  # print what the new token adds; True stops generation
@@ -412,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Train a small translator on English->German number "
                                       "words and report held-out exact match.")
     demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--steps", type=int, default=2000, help="training steps")
+    demo.add_argument("--steps", type=int, default=1500,
+                      help="training steps (the learning rate decays to zero at the last)")
     demo.add_argument("--time-budget", type=float, help="stop training after this many seconds")
     demo.add_argument("--n-train", type=int, default=200_000)
     demo.add_argument("--n-test", type=int, default=500)

@@ -3,6 +3,13 @@
 Needs no download: the corpus comes from :mod:`attnlab.data.numbers`. A small encoder–decoder
 trains with the paper's recipe for a few minutes, is scored by exact match on numbers it never
 saw, and leaves a checkpoint, a loss curve and a cross-attention heatmap under ``runs/demo``.
+
+The recipe is sized for a 2-core CPU *in fp32*, which is what most machines train in (an
+AVX2-only CPU runs bf16 12.5x slower): 1,500 steps of about 4,800 tokens, Adam with the paper's
+betas, a 300-step warmup to 2.5e-3 and then a cosine decay to zero at the last step. Ending at
+a learning rate of zero is what makes 1,500 steps enough: with the paper's inverse-square-root
+decay the rate is still 1.1e-3 at step 1,500 and the exact match wobbles between checkpoints
+(98.3%, 97.3%, 99.7% at steps 1,000 / 1,500 / 2,000 in one run; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import torch
 
 from attnlab.config import ModelConfig
 from attnlab.training.recipes import exact_match, load_corpus, train_translation, translate
-from attnlab.training.schedule import NoamSchedule, schedule_to_dict
+from attnlab.training.schedule import CosineSchedule, schedule_to_dict
 from attnlab.training.trainer import TrainConfig, plot_loss_curve
 from attnlab.viz import plot_cross_attention
 
@@ -25,7 +32,7 @@ EXAMPLES = ["forty-two", "seven hundred twenty-one thousand three hundred ninety
             "one thousand one", "ninety-nine thousand nine hundred nineteen"]
 
 
-def run_demo(out_dir: str = "runs/demo", steps: int = 2000, time_budget: float | None = None,
+def run_demo(out_dir: str = "runs/demo", steps: int = 1500, time_budget: float | None = None,
              n_train: int = 200_000, n_test: int = 500, seed: int = 0,
              precision: str = "auto", device: str = "auto", log=print) -> dict:
     out = Path(out_dir)
@@ -41,7 +48,7 @@ def run_demo(out_dir: str = "runs/demo", steps: int = 2000, time_budget: float |
     train_config = TrainConfig(
         steps=steps, max_tokens=4096, precision=precision, device=device, seed=seed,
         save_every=500, keep_last=3, time_budget=time_budget,
-        schedule=schedule_to_dict(NoamSchedule(d_model=128, warmup=300, factor=0.5)),
+        schedule=schedule_to_dict(CosineSchedule(peak_lr=2.5e-3, warmup=300, total_steps=steps)),
     )
     start = time.perf_counter()
     model, toks, history = train_translation(corpus, out, model_config, train_config, log=log)

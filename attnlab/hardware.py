@@ -243,6 +243,9 @@ def auto_precision(device: torch.device) -> tuple[str, str]:
     return "fp32", f"{device.type}: fp32"
 
 
+_warned: set[str] = set()
+
+
 def pick_precision(name: str | None, device: torch.device, warn: bool = True) -> str:
     """The precision to run in: ``name`` (None: ``ATTNLAB_PRECISION``, else ``auto``)
     resolved for ``device``. An explicit bf16/fp16 on a CPU without native support runs, after
@@ -252,14 +255,31 @@ def pick_precision(name: str | None, device: torch.device, warn: bool = True) ->
         raise ValueError(f"precision {name!r}: expected one of {', '.join(PRECISIONS)}")
     if name == "auto":
         return auto_precision(device)[0]
-    if warn and device.type == "cpu" and name != "fp32" and not cpu_bf16().native:
-        timing = probe() if not os.environ.get("ATTNLAB_NATIVE_BF16") else {}
-        slow = (f"measured {timing['bf16'] / timing['fp32']:.1f}x slower than fp32 in a matrix "
-                "product" if "fp32" in timing and name == "bf16" else
-                "up to ~12x slower than fp32 (measured on an AVX2 CPU)")
-        warnings.warn(f"{name} requested, but this CPU has no native {name} "
-                      f"({cpu_bf16().reason}): expect it to run {slow}", stacklevel=2)
+    if warn and device.type == "cpu" and name != "fp32" and name not in _warned:
+        message = _slow_on_cpu(name)
+        if message:
+            _warned.add(name)  # once a process: the CLI and the trainer both resolve it
+            warnings.warn(message, stacklevel=2)
     return name
+
+
+def _slow_on_cpu(name: str) -> str | None:
+    """Why ``name`` will be slow on this CPU, or None if it will not."""
+    if name == "fp16":
+        return ("fp16 requested on a CPU: most CPUs run it slower than fp32 (it is meant for "
+                "GPUs without bf16); --precision auto picks what this machine runs fastest")
+    support = cpu_bf16()
+    if support.native:
+        return None
+    timing = probe() if not os.environ.get("ATTNLAB_NATIVE_BF16") else {}
+    if "fp32" in timing:
+        ratio = timing["bf16"] / timing["fp32"]
+        slow = (f"{ratio:.1f}x slower than fp32" if ratio >= 1 else
+                f"only {1 / ratio:.2f}x faster than fp32") + " in a measured matrix product"
+    else:
+        slow = "up to ~12x slower than fp32 (measured on an AVX2 CPU)"
+    return (f"bf16 requested, but this CPU has no native bf16 ({support.reason}): expect it "
+            f"to run {slow}")
 
 
 def autocast(device: torch.device, precision: str):

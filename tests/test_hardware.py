@@ -3,6 +3,7 @@
 cached probe, the AMX guard, threads, and the CLI's view of it."""
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ def machine(monkeypatch, tmp_path):
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hardware, "_warned", set())
     hardware.probe.cache_clear()
     runs = []
 
@@ -92,6 +94,9 @@ def test_attnlab_precision_sets_the_default(machine, monkeypatch):
 def test_explicit_bf16_without_native_support_warns_with_the_slowdown(machine):
     machine(ZEN4, {"fp32": 1.0, "bf16": 3.0})
     with pytest.warns(UserWarning, match=r"bf16 requested.*3\.0x slower than fp32"):
+        assert hardware.pick_precision("bf16", torch.device("cpu")) == "bf16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once a process, not at every call
         assert hardware.pick_precision("bf16", torch.device("cpu")) == "bf16"
 
 
