@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-
-class UsageError(Exception):
-    """A problem with the user's input: reported in one line, exit code 2."""
+from attnlab.cli_runtime import UsageError, add_runtime_args, runtime
 
 
 def _parse_override(text: str) -> tuple[str, object]:
@@ -27,43 +24,6 @@ def _parse_override(text: str) -> tuple[str, object]:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value  # a bare string such as positional=rope
-
-
-def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> None:
-    """``--device`` and ``--precision`` (attnlab.hardware decides what ``auto`` means);
-    ``legacy`` keeps ``--bf16`` or ``--fp32`` as a deprecated alias for one release."""
-    p.add_argument("--device", default="auto",
-                   help="auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps (default: auto)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
-                   help="auto: bf16 where the hardware runs it natively and faster than fp32, "
-                        "fp16 with loss scaling on a CUDA GPU without bf16, else fp32 (default: "
-                        "$ATTNLAB_PRECISION, else auto; 'attnlab info --hardware' shows it)")
-    if legacy:
-        p.add_argument(legacy, dest="legacy_precision", action="store_const",
-                       const=legacy.removeprefix("--"),
-                       help=f"deprecated alias of --precision {legacy.removeprefix('--')}")
-
-
-def runtime(args: argparse.Namespace, say=None) -> tuple[object, str]:
-    """``(device, precision)`` from ``--device``/``--precision`` (and the deprecated alias);
-    ``say`` (e.g. print) gets a line naming the choice and, for auto, why."""
-    from attnlab import hardware
-
-    asked = args.precision
-    legacy = getattr(args, "legacy_precision", None)
-    if legacy:
-        warnings.warn(f"--{legacy} is deprecated and goes in the next release; use "
-                      f"--precision {legacy}", FutureWarning, stacklevel=2)
-        if asked not in (None, legacy):
-            raise UsageError(f"--{legacy} contradicts --precision {asked}")
-        asked = legacy
-    device = hardware.pick_device(args.device)
-    precision = hardware.pick_precision(asked, device)
-    if say is not None:
-        auto = (asked or os.environ.get("ATTNLAB_PRECISION") or "auto") == "auto"
-        why = f" (auto: {hardware.auto_precision(device)[1]})" if auto else ""
-        say(f"device {device}, precision {precision}{why}")
-    return device, precision
 
 
 def preset_config(args: argparse.Namespace, arch: str, what: str, suggestion: str):
@@ -207,6 +167,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from attnlab.generation.decoder_only import check_decoding
     from attnlab.interop.loading import load_for_generation
 
+    if args.int4:  # PyTorch's 4-bit kernel is a CPU one; activations are bf16
+        if args.precision not in (None, "auto", "bf16"):
+            raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
+        args.device = "cpu" if args.device == "auto" else args.device
     device, precision = runtime(args)
     model, tok = load_for_generation(args.model, int4=args.int4, device=device,
                                      precision=precision)
@@ -414,7 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo")
     demo.add_argument("--steps", type=int, default=1500,
                       help="training steps (the learning rate decays to zero at the last)")
-    demo.add_argument("--time-budget", type=float, help="stop training after this many seconds")
+    demo.add_argument("--time-budget", type=float,
+                      help="stop training after this many seconds (the learning rate has not "
+                           "decayed to zero then)")
     demo.add_argument("--n-train", type=int, default=200_000)
     demo.add_argument("--n-test", type=int, default=500)
     add_runtime_args(demo, legacy="--fp32")

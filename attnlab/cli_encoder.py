@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _train_config(args: argparse.Namespace, steps: int):
-    from attnlab.cli import runtime
+    from attnlab.cli_runtime import runtime
     from attnlab.training.schedule import LinearSchedule, schedule_to_dict
     from attnlab.training.trainer import TrainConfig
 
@@ -63,7 +63,7 @@ def _texts(args: argparse.Namespace) -> list[str]:
 
 def _encoder(args: argparse.Namespace):
     """The ``--model`` encoder on ``--device``, and the precision to run it in."""
-    from attnlab.cli import runtime
+    from attnlab.cli_runtime import runtime
     from attnlab.encoding import load_encoder
 
     device, precision = runtime(args)
@@ -111,7 +111,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
 
 def _common_training(p: argparse.ArgumentParser, lr: float, warmup: int) -> None:
-    from attnlab.cli import add_runtime_args
+    from attnlab.cli_runtime import add_runtime_args
 
     p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=warmup, help="linear warmup steps")
@@ -127,7 +127,7 @@ def _common_training(p: argparse.ArgumentParser, lr: float, warmup: int) -> None
 
 
 def add_commands(sub, train_sub) -> None:
-    from attnlab.cli import add_runtime_args
+    from attnlab.cli_runtime import add_runtime_args
 
     mlm = train_sub.add_parser(
         "mlm", help="masked-LM pretraining of a BERT on a text file",

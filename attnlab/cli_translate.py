@@ -46,7 +46,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from sacrebleu.metrics import BLEU, CHRF
 
     from attnlab import hardware
-    from attnlab.cli import runtime
+    from attnlab.cli_runtime import runtime
     from attnlab.data import read_lines
     from attnlab.training.recipes import translate
 
@@ -110,7 +110,7 @@ def add_commands(sub) -> None:
     ev.add_argument("--batch", type=int, default=64, help="sentences per batch")
     ev.add_argument("--limit", type=int, help="only the first N sentences")
     ev.add_argument("--out", help="write the translations here")
-    from attnlab.cli import add_runtime_args
+    from attnlab.cli_runtime import add_runtime_args
 
     add_runtime_args(ev)
     ev.set_defaults(func=cmd_evaluate)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab import hardware
 from attnlab.config import ModelConfig
 from attnlab.training.recipes import exact_match, load_corpus, train_translation, translate
 from attnlab.training.schedule import CosineSchedule, schedule_to_dict
@@ -48,12 +49,15 @@ def run_demo(out_dir: str = "runs/demo", steps: int = 1500, time_budget: float |
     train_config = TrainConfig(
         steps=steps, max_tokens=4096, precision=precision, device=device, seed=seed,
         save_every=500, keep_last=3, time_budget=time_budget,
-        schedule=schedule_to_dict(CosineSchedule(peak_lr=2.5e-3, warmup=300, total_steps=steps)),
+        schedule=schedule_to_dict(CosineSchedule(peak_lr=2.5e-3, warmup=min(300, steps // 5),
+                                                 total_steps=steps)),
     )
     start = time.perf_counter()
     model, toks, history = train_translation(corpus, out, model_config, train_config, log=log)
     train_time = time.perf_counter() - start
-    accuracy, hyps = exact_match(model, toks["source"], toks["target"], corpus.test)
+    device = next(model.parameters()).device
+    with hardware.autocast(device, hardware.pick_precision(precision, device, warn=False)):
+        accuracy, hyps = exact_match(model, toks["source"], toks["target"], corpus.test)
     log(f"\ntrained {history[-1]['step']} steps in {train_time:.0f} s "
         f"({history[-1]['tokens_per_s']:,.0f} tokens/s); final loss {history[-1]['loss']:.3f}")
     log(f"held-out exact match: {accuracy:.1%} of {len(corpus.test)} numbers\n")

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import warnings
@@ -52,7 +53,7 @@ class Support:
 def cpu_flags() -> tuple[str, frozenset[str]]:
     """``(model name, instruction-set flags)`` of this CPU (Linux /proc/cpuinfo, macOS
     sysctl); empty flags where neither can be read."""
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags = "", set()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -68,7 +69,7 @@ def cpu_flags() -> tuple[str, frozenset[str]]:
         model = _sysctl("machdep.cpu.brand_string") or model
         if _sysctl("hw.optional.arm.FEAT_BF16") == "1":
             flags.add("bf16")
-    return model, frozenset(flags)
+    return model or platform.processor() or platform.machine(), frozenset(flags)
 
 
 def _sysctl(name: str) -> str | None:
@@ -86,9 +87,14 @@ def isa_summary(flags: frozenset[str]) -> str:
     return " ".join(n for n in names if n in flags) or "none of note"
 
 
-def _cache_file() -> Path:
+def _cache_file() -> Path | None:
+    """``$ATTNLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME``, else ``~/.cache``; None without a
+    home directory (nothing is cached then)."""
     root = os.environ.get("ATTNLAB_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
-    return (Path(root) if root else Path.home() / ".cache") / "attnlab" / "hardware.json"
+    try:
+        return (Path(root) if root else Path.home() / ".cache") / "attnlab" / "hardware.json"
+    except RuntimeError:
+        return None
 
 
 # The probe: one bf16 and one fp32 matrix product of a training-sized shape, timed in turn.
@@ -111,6 +117,7 @@ print(json.dumps(best))
 
 
 def _run_probe(env: dict[str, str]) -> dict:
+    """``{"fp32": s, "bf16": s}``, or ``{"crashed": signal}`` / ``{"error": why}``."""
     try:
         r = subprocess.run([sys.executable, "-c", _PROBE, str(thread_count())],
                            capture_output=True, text=True, timeout=120, env=env)
@@ -118,9 +125,11 @@ def _run_probe(env: dict[str, str]) -> dict:
         return {"error": f"probe could not run ({e})"}
     if r.returncode < 0:
         return {"crashed": -r.returncode}
-    if r.returncode != 0:
+    try:
+        timings = json.loads(r.stdout.strip().splitlines()[-1])
+        return {"fp32": float(timings["fp32"]), "bf16": float(timings["bf16"])}
+    except (IndexError, ValueError, KeyError, TypeError):
         return {"error": (r.stderr.strip().splitlines() or ["probe failed"])[-1]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @cache
@@ -134,20 +143,22 @@ def probe() -> dict:
                         "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"))])
     path = _cache_file()
     try:
-        stored = json.loads(path.read_text())
+        stored = json.loads(path.read_text()) if path else {}
     except (OSError, ValueError):
         stored = {}
-    if isinstance(stored.get(key), dict):
+    stored = stored if isinstance(stored, dict) else {}
+    if isinstance(stored.get(key), dict) and "fp32" in stored[key]:
         return stored[key]
     result = _run_probe(dict(os.environ))
-    if "crashed" in result and "amx_tile" in flags:
+    if result.get("crashed") == signal.SIGILL and "amx_tile" in flags:
         cap = "AVX512_CORE_BF16" if "avx512_bf16" in flags else "AVX512_CORE"
         result = {**_run_probe({**os.environ, "ONEDNN_MAX_CPU_ISA": cap}), "amx_cap": cap}
-    with contextlib.suppress(OSError):  # no writable cache: measure again next time
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({**stored, key: result}, indent=1))
-        tmp.replace(path)
+    if path and "fp32" in result:  # only measurements are kept: a failure is tried again
+        with contextlib.suppress(OSError):  # not writable: measure again next time
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")  # then an atomic rename
+            tmp.write_text(json.dumps({**stored, key: result}, indent=1))
+            tmp.replace(path)
     return result
 
 
@@ -155,9 +166,8 @@ def guard_amx() -> str | None:
     """On a CPU that lists AMX, make sure AMX instructions run; if they die with SIGILL, keep
     oneDNN below AMX for this process. Must run before torch's first bf16 matrix product
     (``import attnlab`` calls it). Returns the cap set, if any."""
-    flags = cpu_flags()[1]
-    if ("amx_tile" not in flags or os.environ.get("ONEDNN_MAX_CPU_ISA")
-            or os.environ.get("DNNL_MAX_CPU_ISA")):
+    if (sys.platform != "linux" or os.environ.get("ONEDNN_MAX_CPU_ISA")
+            or os.environ.get("DNNL_MAX_CPU_ISA") or "amx_tile" not in cpu_flags()[1]):
         return None
     cap = probe().get("amx_cap")
     if cap:
@@ -199,14 +209,18 @@ def thread_count() -> int:
 
 
 def use_threads() -> int:
-    """Size torch's intra-op pool to the usable CPUs, unless OMP_NUM_THREADS says otherwise."""
-    if not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(thread_count())
+    """Size torch's intra-op pool to the CPUs this process may use: torch's default counts the
+    host's cores, which oversubscribes a process pinned to fewer (a container, taskset,
+    a scheduler's slot). Never more than that default (physical cores, on SMT machines), and
+    OMP_NUM_THREADS / MKL_NUM_THREADS, when set, are left to decide."""
+    if not (os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")):
+        torch.set_num_threads(max(1, min(thread_count(), torch.get_num_threads())))
     return torch.get_num_threads()
 
 
 # --- device and precision ----------------------------------------------------------------
 def mps_available() -> bool:
+    """Apple's Metal backend is built in and usable on this machine."""
     return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
@@ -230,13 +244,28 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
+def cuda_bf16(device: torch.device | int) -> bool:
+    """Native bf16 on this GPU: Ampere (compute capability 8.0) or later.
+    ``torch.cuda.is_bf16_supported()`` also answers yes for emulated bf16 (a T4 or V100),
+    where fp16 is the fast half precision."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def precision_name(name: str | None) -> str:
+    """What was asked for: ``name``, else ``$ATTNLAB_PRECISION``, else ``auto``."""
+    name = name or os.environ.get("ATTNLAB_PRECISION") or "auto"
+    if name not in PRECISIONS:
+        raise ValueError(f"precision {name!r}: expected one of {', '.join(PRECISIONS)}")
+    return name
+
+
 def auto_precision(device: torch.device) -> tuple[str, str]:
     """``(precision, why)`` that ``auto`` means on ``device``."""
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return "bf16", f"{torch.cuda.get_device_name(device)} supports bf16"
-        return "fp16", (f"{torch.cuda.get_device_name(device)} has no bf16: fp16 with dynamic "
-                        "loss scaling")
+        name = torch.cuda.get_device_name(device)
+        if cuda_bf16(device):
+            return "bf16", f"{name} runs bf16 natively (compute capability 8.0 or later)"
+        return "fp16", f"{name} has no native bf16: fp16 with dynamic loss scaling"
     if device.type == "cpu":
         support = cpu_bf16()
         return ("bf16" if support.native else "fp32"), support.reason
@@ -250,9 +279,7 @@ def pick_precision(name: str | None, device: torch.device, warn: bool = True) ->
     """The precision to run in: ``name`` (None: ``ATTNLAB_PRECISION``, else ``auto``)
     resolved for ``device``. An explicit bf16/fp16 on a CPU without native support runs, after
     a one-line warning with the expected slowdown."""
-    name = name or os.environ.get("ATTNLAB_PRECISION") or "auto"
-    if name not in PRECISIONS:
-        raise ValueError(f"precision {name!r}: expected one of {', '.join(PRECISIONS)}")
+    name = precision_name(name)
     if name == "auto":
         return auto_precision(device)[0]
     if warn and device.type == "cpu" and name != "fp32" and name not in _warned:
@@ -283,8 +310,11 @@ def _slow_on_cpu(name: str) -> str | None:
 
 
 def autocast(device: torch.device, precision: str):
-    """Mixed precision for a forward pass (fp32 weights, bf16/fp16 matrix products)."""
-    return torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32")
+    """Mixed precision for a forward pass: fp32 weights, bf16/fp16 matrix products (and fp32
+    where autocast keeps it: softmax, norms, losses). fp32 enters no autocast at all."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[precision])
 
 
 def grad_scaler(device: torch.device, precision: str):
@@ -309,8 +339,8 @@ def describe(device_name: str = "auto") -> list[str]:
              f"torch:            {torch.__version__}"]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
-            lines.append(f"gpu {i}:            {torch.cuda.get_device_name(i)} (bf16 "
-                         f"{'yes' if torch.cuda.is_bf16_supported() else 'no'})")
+            lines.append(f"gpu {i}:            {torch.cuda.get_device_name(i)} (native bf16 "
+                         f"{'yes' if cuda_bf16(i) else 'no'})")
     else:
         lines.append(f"gpu:              none{' (MPS available)' if mps_available() else ''}")
     device = pick_device(device_name)

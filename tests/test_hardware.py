@@ -21,8 +21,10 @@ def machine(monkeypatch, tmp_path):
     """A CPU with the given flags and bf16/fp32 matmul timings (None: the probe crashes)."""
     monkeypatch.delenv("ATTNLAB_NATIVE_BF16", raising=False)
     monkeypatch.delenv("ATTNLAB_PRECISION", raising=False)
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    # "" reads as unset, and unlike delenv it is undone even where the variable was absent
+    # (guard_amx sets it, and it must not leak into later tests or their child processes)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "")
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(hardware, "_warned", set())
     hardware.probe.cache_clear()
@@ -32,7 +34,7 @@ def machine(monkeypatch, tmp_path):
         monkeypatch.setattr(hardware, "cpu_flags", lambda: ("Test CPU", flags))
 
         def run_probe(env):
-            runs.append(env.get("ONEDNN_MAX_CPU_ISA"))
+            runs.append(env.get("ONEDNN_MAX_CPU_ISA") or None)
             if crash_without_cap and not env.get("ONEDNN_MAX_CPU_ISA"):
                 return {"crashed": 4}  # SIGILL
             return dict(timings) if timings else {"crashed": 4}
@@ -116,7 +118,9 @@ def test_probe_is_cached_per_machine(machine):
 
 def test_amx_that_dies_with_sigill_caps_onednn(machine):
     runs = machine(SAPPHIRE, {"fp32": 1.0, "bf16": 1.6}, crash_without_cap=True)
-    assert hardware.guard_amx() == "AVX512_CORE_BF16"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hardware.sys, "platform", "linux")
+        assert hardware.guard_amx() == "AVX512_CORE_BF16"
     assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
     assert runs == [None, "AVX512_CORE_BF16"]  # crashed, then measured below AMX
     support = hardware.cpu_bf16()
@@ -125,28 +129,39 @@ def test_amx_that_dies_with_sigill_caps_onednn(machine):
 
 def test_working_amx_is_left_alone(machine):
     machine(SAPPHIRE, {"fp32": 1.0, "bf16": 0.3})
-    assert hardware.guard_amx() is None and "ONEDNN_MAX_CPU_ISA" not in os.environ
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hardware.sys, "platform", "linux")
+        assert hardware.guard_amx() is None and not os.environ["ONEDNN_MAX_CPU_ISA"]
     assert hardware.cpu_bf16().native
 
 
-def test_cuda_with_bf16(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
+@pytest.fixture
+def gpu(monkeypatch):
+    """A mocked CUDA GPU of the given compute capability (no GPU is lent to CI)."""
+    def make(capability, name):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+        # what transformers and torch.amp ask: yes even where bf16 is only emulated
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    return make
+
+
+def test_cuda_with_bf16(gpu, monkeypatch):
+    gpu((9, 0), "H200")
     monkeypatch.setenv("LOCAL_RANK", "1")
     device = hardware.pick_device("auto")
     assert device == torch.device("cuda", 1)  # this torchrun rank's GPU
-    assert hardware.auto_precision(device) == ("bf16", "Test GPU supports bf16")
-    assert hardware.grad_scaler(device, "bf16") is None
+    precision, why = hardware.auto_precision(device)
+    assert precision == "bf16" and "H200 runs bf16 natively" in why
+    assert hardware.grad_scaler(device, precision) is None
 
 
-def test_cuda_without_bf16_is_fp16_with_loss_scaling(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Old GPU")
+def test_cuda_without_native_bf16_is_fp16_with_loss_scaling(gpu):
+    gpu((7, 5), "Tesla T4")  # is_bf16_supported() says yes: emulated
     device = hardware.pick_device("cuda")
     precision, why = hardware.auto_precision(device)
-    assert precision == "fp16" and "loss scaling" in why
+    assert precision == "fp16" and "T4 has no native bf16" in why and "loss scaling" in why
     scaler = hardware.grad_scaler(torch.device("cpu"), precision)
     assert scaler.get_scale() == 2.0**15
 
@@ -165,7 +180,8 @@ def test_threads_follow_the_affinity_mask(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     try:
-        assert hardware.use_threads() == hardware.thread_count() == len(os.sched_getaffinity(0))
+        torch.set_num_threads(64)  # a host with many cores, of which this process may use few
+        assert hardware.use_threads() == hardware.thread_count()
     finally:
         torch.set_num_threads(before)
 
@@ -173,7 +189,7 @@ def test_threads_follow_the_affinity_mask(monkeypatch):
 @pytest.mark.parametrize("forced, expected", [("1", "bf16"), ("0", "fp32")])
 def test_info_hardware_ends_with_the_auto_choice(monkeypatch, capsys, forced, expected):
     monkeypatch.setenv("ATTNLAB_NATIVE_BF16", forced)
-    assert main(["info", "--hardware"]) == 0
+    assert main(["info", "--hardware", "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"auto precision: {expected}"
     assert any(line.startswith("native bf16:") for line in lines)

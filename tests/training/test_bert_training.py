@@ -96,7 +96,8 @@ def test_mlm_pretraining_learns(tmp_path):
                                 vocab_size=100, log=lambda *a: None)
     val = history[-1]["val_loss"]
     print(f"validation masked-LM loss {val:.3f} (uniform: {math.log(tok.vocab_size):.3f})")
-    assert val < 0.3 * math.log(tok.vocab_size)  # far below guessing among the vocabulary
+    # far below guessing among the vocabulary: 0.36 natively, 0.42 with AVX2 emulated, vs 1.38
+    assert val < 0.3 * math.log(tok.vocab_size)
     assert (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -105,6 +106,7 @@ def test_classifier_fine_tunes_with_early_stopping(tmp_path, reviews, tiny_encod
     results = train_classify(reviews, "text", "label", str(tiny_encoder), tmp_path / "run", cfg,
                              max_len=32, batch_size=32, log=lambda *a: None)
     print(results)
+    # 1.0 natively and with AVX2 emulated: the two classes' vocabularies are disjoint
     assert results["test_accuracy"] >= 0.95 and results["test_macro_f1"] >= 0.95
     assert (tmp_path / "run" / "best" / "model.safetensors").exists()
     enc = load_encoder(tmp_path / "run")  # the final (best) model

@@ -40,6 +40,8 @@ def test_lm_learns_and_reports_validation_loss(run):
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     val = [r["val_loss"] for r in rows if "val_loss" in r]
     assert len(val) == 3  # steps 50, 100, 150
+    # Measured 0.585 at step 150 both natively and with AVX2 emulated (and 1.66, 0.98 before):
+    # the bound holds with a wide margin on any CPU's rounding.
     assert val[-1] < 1.0 < torch.log(torch.tensor(27.0)).item()  # far below uniform
     assert val[0] > val[-1]
 
