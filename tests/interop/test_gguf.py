@@ -75,8 +75,8 @@ def test_q4_1_codes_reproduce_the_files_dequantised_weights():
 
 def test_int4_model_keeps_the_files_codes_and_the_same_greedy_text(models):
     """quantized=True runs the Q4_1 matrices as 4-bit codes with bf16 activations: each layer's
-    weight equals the float model's (up to bf16 rounding of scale and zero), and greedy text
-    from the prompt is the float model's."""
+    weight equals the float model's (up to bf16 rounding of scale and zero), and its greedy
+    choices are the float model's wherever the float model is sure of them."""
     from attnlab.interop.gguf import load_gguf
     from attnlab.nn.quantized import Int4Linear
 
@@ -93,5 +93,17 @@ def test_int4_model_keeps_the_files_codes_and_the_same_greedy_text(models):
     with torch.no_grad():
         a, b = ours(ids)[0, -1], q(ids)[0, -1].float()
     assert a.topk(5).indices.tolist() == b.topk(5).indices.tolist()
-    assert tok.decode(generate(q, ids, 20)[0].tolist()) == tok.decode(
-        generate(ours, ids, 20)[0].tolist())
+    # Greedy text: the int4 model picks the float model's token wherever the float model is
+    # sure of it (top-1 ahead of top-2 by more than 1.0, about 1.2 logits being the int4 error).
+    # Where it is not (the made-up date after "The answer is:" leads by 0.15-0.4), which token
+    # wins depends on the CPU's rounding: AVX2 and AVX-512 kernels differ there.
+    n = ids.shape[1]
+    text = generate(ours, ids, 20)
+    with torch.no_grad():
+        floats, fours = ours(text)[0, n - 1 : -1], q(text)[0, n - 1 : -1].float()
+    top2 = floats.topk(2, -1).values
+    sure = top2[:, 0] - top2[:, 1] > 1.0
+    assert int(sure.sum()) >= 8, sure  # enough positions to mean something (10 of 20 here)
+    assert torch.equal(fours.argmax(-1)[sure], floats.argmax(-1)[sure])
+    opening = tok.decode(generate(q, ids, 4)[0].tolist())  # four sure tokens, free-running
+    assert opening == tok.decode(text[0, : n + 4].tolist()) and "Paris." in opening
