@@ -11,7 +11,7 @@ transformers in fp32 and in bf16 (it has no 4-bit CPU path for these files).
 
     .venv/bin/python benchmarks/generation.py [--new-tokens 256] [--models gpt2 smollm2]
         [--models gpt2-small-cpu --repeats 5]
-        [--bf16 | --int4]
+        [--precision fp32|bf16|auto | --int4]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ matrices, learning rate 1e-3 with 100 warm-up steps and cosine decay to 1e-4, cl
 The two models alternate step by step in one process; only the training steps are timed.
 Validation: the last 10% of the text, every non-overlapping 64-character window.
 
-    .venv/bin/python benchmarks/tinyshakespeare.py [--iters 2000] [--bf16] [--seed 0]
+    .venv/bin/python benchmarks/tinyshakespeare.py [--iters 2000] [--precision bf16] [--seed 0]
 
 ``--seed`` picks the initial weights and the batches (both models get the same ones).
 """
