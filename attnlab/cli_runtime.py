@@ -29,7 +29,8 @@ def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> N
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
                    help="auto: bf16 where the hardware runs it natively and faster than fp32, "
                         "fp16 with loss scaling on a CUDA GPU without bf16, else fp32 (default: "
-                        "$ATTNLAB_PRECISION, else auto; 'attnlab info --hardware' shows it)")
+                        "$ATTNLAB_PRECISION, else auto; 'attnlab info --hardware' shows it). "
+                        "Autocast over fp32 weights, except generate, which casts the weights")
     if legacy:
         p.add_argument(legacy, dest="legacy_precision", action="store_const",
                        const=legacy.removeprefix("--"),
