@@ -80,9 +80,7 @@ class TrainConfig:
             raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
         if not self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be < 1, got {self.label_smoothing!r}")
-        if self.precision not in hardware.PRECISIONS:
-            raise ValueError(f"precision {self.precision!r}: expected one of "
-                             f"{', '.join(hardware.PRECISIONS)}")
+        hardware.precision_name(self.precision)  # an unknown name is a named error here
 
 
 def _fault_hook():
