@@ -10,8 +10,9 @@ from attnlab.config import PRESETS, ModelConfig  # noqa: E402
 from attnlab.interop import from_pretrained, save_pretrained  # noqa: E402
 from attnlab.models import BERT, GPT, Transformer, build_model  # noqa: E402
 from attnlab.params import count_parameters, parameter_breakdown  # noqa: E402
+from attnlab.storage import Loaded, load  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["ModelConfig", "PRESETS", "Transformer", "GPT", "BERT", "build_model", "from_pretrained",
-           "save_pretrained", "count_parameters", "parameter_breakdown"]
+__all__ = ["ModelConfig", "PRESETS", "Transformer", "GPT", "BERT", "build_model", "load", "Loaded",
+           "from_pretrained", "save_pretrained", "count_parameters", "parameter_breakdown"]

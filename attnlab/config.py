@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.errors import BadInput, MissingFile
+
 CHOICES = {
     "arch": ("encoder-decoder", "decoder", "encoder"),
     "positional": ("sinusoidal", "sinusoidal-split", "learned", "rope", "alibi", "none"),
@@ -35,7 +37,7 @@ def check_at_least(obj: Any, minimums: dict[str, float], what: str = "") -> None
     for name, low in minimums.items():
         value = getattr(obj, name)
         if value is not None and not value >= low:  # `not >=` also rejects NaN
-            raise ValueError(f"{what}{name} must be >= {low}, got {value!r}")
+            raise BadInput(f"{what}{name} must be >= {low}, got {value!r}")
 
 
 def check_types(obj: Any, what: str = "") -> None:
@@ -47,7 +49,7 @@ def check_types(obj: Any, what: str = "") -> None:
         if kind not in _TYPES or (value is None and rest == "None"):
             continue
         if not isinstance(value, _TYPES[kind]) or (kind != "bool" and isinstance(value, bool)):
-            raise ValueError(f"{what}{f.name}={value!r}: expected {f.type}")
+            raise BadInput(f"{what}{f.name}={value!r}: expected {f.type}")
 
 
 @dataclass
@@ -94,17 +96,17 @@ class ModelConfig:
         check_at_least(self, _AT_LEAST, "config field ")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not getattr(self, name) < 1:
-                raise ValueError(f"config field {name} must be < 1, got {getattr(self, name)!r}")
+                raise BadInput(f"config field {name} must be < 1, got {getattr(self, name)!r}")
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(f"config field {name}={value!r}: expected one of {allowed}")
+                raise BadInput(f"config field {name}={value!r}: expected one of {allowed}")
         if self.d_model % self.n_heads:
-            raise ValueError(
+            raise BadInput(
                 f"config: d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )
         if self.n_heads % self.kv_heads:
-            raise ValueError(
+            raise BadInput(
                 f"config: n_heads={self.n_heads} is not divisible by num_kv_heads={self.kv_heads}"
             )
 
@@ -129,6 +131,14 @@ class ModelConfig:
     def use_final_norm(self) -> bool:
         return self.pre_norm if self.final_norm is None else self.final_norm
 
+    def check_length(self, n_tokens: int, what: str = "sequence") -> None:
+        """The max-length rule, the one place it lives: a sequence may hold at most
+        ``max_len`` positions, the last one the positional encoding covers. ALiBi and no
+        positional encoding extrapolate, so they have no such limit."""
+        if self.positional not in ("alibi", "none") and n_tokens > self.max_len:
+            raise BadInput(f"{what} of {n_tokens} tokens exceeds the model's context "
+                           f"max_len={self.max_len}")
+
     # --- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -138,7 +148,7 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown config field(s): {', '.join(unknown)}")
+            raise BadInput(f"unknown config field(s): {', '.join(unknown)}")
         return cls(**data)
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -154,16 +164,16 @@ class ModelConfig:
         try:
             data = json.loads(path.read_text() if path is not None else str(source))
         except FileNotFoundError:
-            raise FileNotFoundError(f"config file not found: {path}") from None
+            raise MissingFile(f"config file not found: {path}") from None
         except json.JSONDecodeError as e:
             where = f"{path}:{e.lineno}" if path is not None else f"line {e.lineno}"
-            raise ValueError(f"{where}: invalid JSON in config ({e.msg})") from None
+            raise BadInput(f"{where}: invalid JSON in config ({e.msg})") from None
         return cls.from_dict(data)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+            raise BadInput(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
 
 

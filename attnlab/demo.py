@@ -18,14 +18,14 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
-
 from attnlab import hardware
 from attnlab.config import ModelConfig
-from attnlab.training.recipes import exact_match, load_corpus, train_translation, translate
+from attnlab.data import load_corpus
+from attnlab.generation import cross_attention, exact_match, translate
+from attnlab.training.recipes import train_translation
 from attnlab.training.schedule import CosineSchedule, schedule_to_dict
-from attnlab.training.trainer import TrainConfig, plot_loss_curve
-from attnlab.viz import plot_cross_attention
+from attnlab.training.trainer import TrainConfig
+from attnlab.viz import plot_cross_attention, plot_loss_curve
 
 DEMO_MODEL = dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
                   dropout=0.0, max_len=128)
@@ -76,19 +76,8 @@ def run_demo(out_dir: str = "runs/demo", steps: int = 1500, time_budget: float |
             "checkpoint": str(ckpt)}
 
 
-@torch.no_grad()
 def cross_attention_heatmap(model, toks, sentence: str, path: Path) -> Path:
     """Last decoder layer's cross-attention, averaged over heads, for one greedy translation."""
-    from attnlab.data.batching import pad
-    from attnlab.generation import greedy_decode
-
-    src_tok, tgt_tok = toks["source"], toks["target"]
-    src = pad([src_tok.encode(sentence, add_eos=True)]).to(next(model.parameters()).device)
-    out = greedy_decode(model, src)
-    out = out[:, : int((out[0] != model.config.pad_id).sum())]
-    model(src, out[:, :-1], need_weights=True)
-    weights = model.decoder.layers[-1].cross_weights[0].mean(0)  # (tgt_len, src_len)
-    src_labels = [src_tok.vocab[i] for i in src[0].tolist()]
-    tgt_labels = [tgt_tok.vocab[i] for i in out[0, 1:].tolist()]  # what each step produced
-    return plot_cross_attention(weights, src_labels, tgt_labels, path,
+    weights, src, out = cross_attention(model, toks["source"], toks["target"], sentence)
+    return plot_cross_attention(weights, src, out, path,
                                 title="cross-attention, last layer (mean of heads)")

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from attnlab.errors import BadInput
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # x86 /proc/cpuinfo names
@@ -231,16 +233,16 @@ def pick_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device {name}: expected auto, cpu, cuda[:N] or mps") from None
+        raise BadInput(f"--device {name}: expected auto, cpu, cuda[:N] or mps") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: CUDA is not available to this torch build")
+            raise BadInput(f"--device {name}: CUDA is not available to this torch build")
         if device.index is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     elif device.type == "mps" and not mps_available():
-        raise ValueError(f"--device {name}: Apple MPS is not available")
+        raise BadInput(f"--device {name}: Apple MPS is not available")
     elif device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"--device {name}: expected auto, cpu, cuda[:N] or mps")
+        raise BadInput(f"--device {name}: expected auto, cpu, cuda[:N] or mps")
     return device
 
 
@@ -255,7 +257,7 @@ def precision_name(name: str | None) -> str:
     """What was asked for: ``name``, else ``$ATTNLAB_PRECISION``, else ``auto``."""
     name = name or os.environ.get("ATTNLAB_PRECISION") or "auto"
     if name not in PRECISIONS:
-        raise ValueError(f"precision {name!r}: expected one of {', '.join(PRECISIONS)}")
+        raise BadInput(f"precision {name!r}: expected one of {', '.join(PRECISIONS)}")
     return name
 
 

@@ -1,5 +1,5 @@
 """Pictures (matplotlib, written as PNG): attention heatmaps and grids, cross-attention
-alignments, the sinusoidal positional-encoding matrix, learning-rate schedules."""
+alignments, the sinusoidal positional-encoding matrix, learning-rate schedules, loss curves."""
 
 from __future__ import annotations
 
@@ -94,3 +94,23 @@ def plot_schedule(schedule, steps: int, path: str | Path, title: str | None = No
     fig.savefig(path)
     plt.close(fig)
     return Path(path)
+
+
+def plot_loss_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
+    """Training loss (and NLL) against step, from metrics.jsonl, as a PNG."""
+    import json
+
+    plt = _pyplot()
+    rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines()]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="label-smoothed loss")
+    ax.plot([r["step"] for r in rows], [r["nll"] for r in rows], label="NLL", alpha=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss per target token")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return Path(png_path)

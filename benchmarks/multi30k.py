@@ -20,10 +20,12 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU, CHRF
 
 from attnlab import ModelConfig, hardware
-from attnlab.data import read_lines
+from attnlab.data import Corpus, read_lines
+from attnlab.generation import translate
+from attnlab.storage import load_model_dir
 from attnlab.tokenizers import BPETokenizer
-from attnlab.training.checkpoint import load_model_dir, write_average
-from attnlab.training.recipes import Corpus, train_translation, translate
+from attnlab.training.checkpoint import write_average
+from attnlab.training.recipes import train_translation
 from attnlab.training.schedule import NoamSchedule, schedule_to_dict
 from attnlab.training.trainer import TrainConfig
 

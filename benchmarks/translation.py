@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from attnlab import ModelConfig, Transformer, hardware
+from attnlab import ModelConfig, Transformer, hardware, save_pretrained
 from attnlab.generation import beam_search, greedy_decode
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,7 +44,7 @@ def models(cfg):
     torch.manual_seed(0)
     ours = Transformer(cfg)
     folder = tempfile.mkdtemp(prefix="marian-bench-")
-    ours.save_pretrained(folder)
+    save_pretrained(ours, folder)
     hf = transformers.MarianMTModel.from_pretrained(folder)
     return ours, Marian(hf, cfg.pad_id), TorchTransformer(cfg)
 

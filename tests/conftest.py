@@ -20,7 +20,7 @@ def trained_marian(tmp_path_factory):
     teacher-forced loss is below 0.05 nats a token, so its next-token distributions are
     confident (no near ties for beam search to break); how many steps that takes depends on
     the CPU's rounding (300 was not enough on some machines)."""
-    from attnlab import ModelConfig, Transformer
+    from attnlab import ModelConfig, Transformer, save_pretrained
     from attnlab.generation import greedy_decode
     from attnlab.training.loss import label_smoothed_loss
     from tests.criteria import train_until
@@ -68,5 +68,5 @@ def trained_marian(tmp_path_factory):
     train_until(step, reverses, "trained_marian", every=50, cap=3000)
     model.eval()
     folder = tmp_path_factory.mktemp("marian")
-    model.save_pretrained(folder)
+    save_pretrained(model, folder)
     return model, folder

@@ -1,10 +1,27 @@
 """attnlab.data: corpora, the synthetic numbers task, length filtering and token batching."""
 
-from attnlab.data.batching import TranslationBatches, make_batches, pad
+from attnlab.data.batching import TranslationBatches, make_batches
 from attnlab.data.lm import LMBatches, eval_windows
 from attnlab.data.numbers import english, german, numbers_corpus
-from attnlab.data.parallel import FilterReport, filter_by_length, read_lines, read_parallel
+from attnlab.data.parallel import (
+    Corpus,
+    FilterReport,
+    filter_by_length,
+    load_corpus,
+    read_lines,
+    read_parallel,
+    read_text,
+)
+from attnlab.data.stream import (
+    LabelledBatch,
+    LMBatch,
+    MaskedLMBatch,
+    TranslationBatch,
+    to_device,
+)
+from attnlab.tokenizers import pad
 
 __all__ = ["LMBatches", "eval_windows", "TranslationBatches", "make_batches", "pad", "english",
            "german", "numbers_corpus", "FilterReport", "filter_by_length", "read_lines",
-           "read_parallel"]
+           "read_parallel", "TranslationBatch", "LMBatch", "MaskedLMBatch", "LabelledBatch",
+           "to_device", "Corpus", "load_corpus", "read_text"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-import torch
-from torch import Tensor
+from attnlab.data.stream import TranslationBatch
+from attnlab.tokenizers import pad
 
 
 def make_batches(lengths: list[int], max_tokens: int, max_sentences: int | None = None,
@@ -40,14 +40,6 @@ def make_batches(lengths: list[int], max_tokens: int, max_sentences: int | None 
     if current:
         batches.append(current)
     return batches
-
-
-def pad(seqs: list[list[int]], pad_id: int = 0) -> Tensor:
-    """Right-pad id lists into a ``(batch, max_len)`` long tensor."""
-    out = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        out[row, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out
 
 
 class TranslationBatches:
@@ -76,15 +68,15 @@ class TranslationBatches:
             random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
         return order
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+    def __iter__(self) -> Iterator[TranslationBatch]:
         while True:
             order = self._order()
             while self.position < len(order):
                 batch = self.batches[order[self.position]]
                 self.position += 1
                 mine = batch[self.rank :: self.world] or batch[:1]
-                yield (pad([self.src[i] for i in mine], self.pad_id),
-                       pad([self.tgt[i] for i in mine], self.pad_id))
+                yield TranslationBatch(pad([self.src[i] for i in mine], self.pad_id),
+                                       pad([self.tgt[i] for i in mine], self.pad_id))
             self.epoch, self.position = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
-from attnlab.data.stream import SeededBatches
+from attnlab.data.stream import LabelledBatch, SeededBatches
+from attnlab.errors import BadInput, MissingFile
 
 
 @dataclass
@@ -33,7 +33,7 @@ def read_labelled(path: str | Path, text_field: str, label_field: str,
     ``id_field`` the line number is the id."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"data file not found: {path}")
+        raise MissingFile(f"data file not found: {path}")
     fields = [f.strip() for f in text_field.split(",") if f.strip()]
     opener = gzip.open if path.suffix == ".gz" else open
     examples = []
@@ -44,15 +44,15 @@ def read_labelled(path: str | Path, text_field: str, label_field: str,
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+                raise BadInput(f"{path}:{n}: invalid JSON ({e.msg})") from None
             for name in [*fields, label_field]:
                 if name not in row:
-                    raise ValueError(f"{path}:{n}: field {name!r} missing "
-                                     f"(fields: {', '.join(sorted(row))})")
+                    raise BadInput(f"{path}:{n}: field {name!r} missing "
+                                   f"(fields: {', '.join(sorted(row))})")
             text = "\n".join(str(row[name] or "") for name in fields)
             examples.append(Example(str(row.get(id_field, n)), text, str(row[label_field])))
     if not examples:
-        raise ValueError(f"{path}: no examples")
+        raise BadInput(f"{path}: no examples")
     return examples
 
 
@@ -78,26 +78,26 @@ def encode_examples(examples: list[Example], tokenizer, labels: list[str],
     out = []
     for e in examples:
         if e.label not in index:
-            raise ValueError(f"example {e.id}: label {e.label!r} is not one of {labels}")
-        ids = tokenizer.encode(e.text)
+            raise BadInput(f"example {e.id}: label {e.label!r} is not one of {labels}")
+        ids = tokenizer.encode_single(e.text)
         if len(ids) > max_len:
             ids = ids[: max_len - 1] + [tokenizer.sep_id]
         out.append((ids, index[e.label]))
     return out
 
 
-def collate(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[Tensor, ...]:
+def collate(rows: list[tuple[list[int], int]], pad_id: int) -> LabelledBatch:
     """``(ids, token_type_ids, attention_mask, labels)``, right-padded to the longest row."""
     width = max(len(r) for r, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(ids)
     for i, (r, _) in enumerate(rows):
         ids[i, : len(r)], attention[i, : len(r)] = torch.tensor(r), 1
-    return ids, torch.zeros_like(ids), attention, torch.tensor([y for _, y in rows])
+    return LabelledBatch(ids, torch.zeros_like(ids), attention, torch.tensor([y for _, y in rows]))
 
 
 def fixed_batches(rows: list[tuple[list[int], int]], batch_size: int,
-                  pad_id: int) -> list[tuple[Tensor, ...]]:
+                  pad_id: int) -> list[LabelledBatch]:
     """Evaluation batches in a fixed order, sorted by length so little padding is computed."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     return [collate([rows[i] for i in order[s : s + batch_size]], pad_id)
@@ -113,7 +113,7 @@ class ClassifyBatches(SeededBatches):
         self.rows, self.batch_size, self.pad_id, self.seed = rows, batch_size, pad_id, seed
         self.per_epoch = max(1, len(rows) // batch_size)
 
-    def batch(self, n: int) -> tuple[Tensor, ...]:
+    def batch(self, n: int) -> LabelledBatch:
         epoch, k = divmod(n, self.per_epoch)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(len(self.rows), generator=g)

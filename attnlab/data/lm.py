@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.data.stream import SeededBatches
+from attnlab.data.stream import LMBatch, SeededBatches
+from attnlab.errors import BadInput
 
 
 class LMBatches(SeededBatches):
@@ -19,27 +20,28 @@ class LMBatches(SeededBatches):
 
     def __init__(self, ids: Tensor, block: int, batch_size: int, seed: int = 0):
         if block < 1 or batch_size < 1:
-            raise ValueError(f"block and batch size must be >= 1, got block={block}, "
-                             f"batch size={batch_size}")
+            raise BadInput(f"block and batch size must be >= 1, got block={block}, "
+                           f"batch size={batch_size}")
         if ids.numel() <= block + 1:
-            raise ValueError(f"text of {ids.numel()} tokens is too short for windows of "
-                             f"{block + 1} tokens")
+            raise BadInput(f"text of {ids.numel()} tokens is too short for windows of "
+                           f"{block + 1} tokens")
         self.ids, self.block, self.batch_size, self.seed = ids, block, batch_size, seed
 
-    def batch(self, n: int) -> tuple[Tensor, Tensor]:
+    def batch(self, n: int) -> LMBatch:
         """The global batch number ``n``, this rank's rows of it."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + n)
         starts = torch.randint(0, self.ids.numel() - self.block - 1, (self.batch_size,),
                                generator=g)[self.rank :: self.world]
         windows = torch.stack([self.ids[s : s + self.block + 1] for s in starts.tolist()])
-        return windows[:, :-1], windows[:, 1:]
+        return LMBatch(windows[:, :-1], windows[:, 1:])
 
 
 def eval_windows(ids: Tensor, block: int, batch_size: int,
-                 max_batches: int | None = None) -> list[tuple[Tensor, Tensor]]:
+                 max_batches: int | None = None) -> list[LMBatch]:
     """Consecutive non-overlapping windows covering ``ids`` (a fixed validation set)."""
     n = (ids.numel() - 1) // block
     x = ids[: n * block].view(n, block)
     y = ids[1 : n * block + 1].view(n, block)
-    batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
+    batches = [LMBatch(x[i : i + batch_size], y[i : i + batch_size])
+               for i in range(0, n, batch_size)]
     return batches[:max_batches] if max_batches else batches

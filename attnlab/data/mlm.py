@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.data.stream import SeededBatches
+from attnlab.data.stream import MaskedLMBatch, SeededBatches
+from attnlab.errors import BadInput
 
 IGNORE = -100  # label of positions without a loss (PyTorch's cross-entropy convention)
 
@@ -49,7 +50,7 @@ class MLMBatches(SeededBatches):
                  seed: int = 0, nsp: bool = False, select: float = 0.15):
         sentences = [s for s in sentences if s]
         if len(sentences) < 2:
-            raise ValueError("masked-LM data needs at least two non-empty sentences")
+            raise BadInput("masked-LM data needs at least two non-empty sentences")
         self.sentences, self.tok = sentences, tokenizer
         self.max_len, self.batch_size, self.seed = max_len, batch_size, seed
         self.nsp, self.select = nsp, select
@@ -78,7 +79,7 @@ class MLMBatches(SeededBatches):
         ids = [tok.cls_id, *a, tok.sep_id, *b, tok.sep_id]
         return ids, [0] * (len(a) + 2) + [1] * (len(b) + 1), 0 if follows else 1
 
-    def batch(self, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def batch(self, n: int) -> MaskedLMBatch:
         """The global batch number ``n``, this rank's rows of it."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + n)
         rows = [self._row(g) for _ in range(self.batch_size)]
@@ -94,6 +95,6 @@ class MLMBatches(SeededBatches):
                                      self.select)
         nsp = torch.tensor([r[2] for r in rows])
         part = slice(self.rank, None, self.world)
-        return inputs[part], types[part], attention[part], labels[part], nsp[part]
+        return MaskedLMBatch(inputs[part], types[part], attention[part], labels[part], nsp[part])
 
 

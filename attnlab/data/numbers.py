@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 
+from attnlab.errors import BadInput
+
 EN_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
            "fourteen fifteen sixteen seventeen eighteen nineteen").split()
 EN_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -24,7 +26,7 @@ MAX_NUMBER = 999_999
 def english(n: int) -> str:
     """American style without "and": 305 -> "three hundred five"."""
     if not 0 <= n <= MAX_NUMBER:
-        raise ValueError(f"number {n} outside 0..{MAX_NUMBER}")
+        raise BadInput(f"number {n} outside 0..{MAX_NUMBER}")
     if n < 20:
         return EN_ONES[n]
     if n < 100:
@@ -57,7 +59,7 @@ def _de_below_1000(n: int, final: bool) -> str:
 def german(n: int) -> str:
     """One word, units before tens: 21 -> "einundzwanzig", 1001 -> "eintausendeins"."""
     if not 0 <= n <= MAX_NUMBER:
-        raise ValueError(f"number {n} outside 0..{MAX_NUMBER}")
+        raise BadInput(f"number {n} outside 0..{MAX_NUMBER}")
     if n == 0:
         return DE_ONES[0]
     thousands, rest = divmod(n, 1000)

@@ -1,23 +1,42 @@
-"""Line-aligned parallel text: line i of the source file translates line i of the target."""
+"""Reading text: whole files and lines (plain or ``.gz``, UTF-8, checked), and line-aligned
+parallel text, where line i of the source file translates line i of the target."""
 
 from __future__ import annotations
 
 import gzip
 import os
+import random
 from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.errors import BadInput, MissingFile
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
     """Lines of a plain or ``.gz`` UTF-8 file, without their newlines."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"file not found: {path}")
+        raise MissingFile(f"file not found: {path}")
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             return [line.rstrip("\n").rstrip("\r") for line in f]
     except (UnicodeDecodeError, OSError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read as UTF-8 text ({e})") from None
+        raise BadInput(f"{path}: cannot read as UTF-8 text ({e})") from None
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """A whole UTF-8 text file; a missing, non-UTF-8 or empty file is a one-line error."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingFile(f"text file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    if not text.strip():
+        raise BadInput(f"{path}: the text file is empty")
+    return text
 
 
 def read_parallel(src_path: str | os.PathLike,
@@ -25,13 +44,13 @@ def read_parallel(src_path: str | os.PathLike,
     """Pairs of lines; a clear error when the files differ in length or are empty."""
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
-        raise ValueError(
+        raise BadInput(
             f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
             "parallel files must be line-aligned"
         )
     pairs = [(s.strip(), t.strip()) for s, t in zip(src, tgt, strict=True)]
     if not any(s and t for s, t in pairs):
-        raise ValueError(f"empty corpus: {src_path} and {tgt_path} hold no sentence pairs")
+        raise BadInput(f"empty corpus: {src_path} and {tgt_path} hold no sentence pairs")
     return pairs
 
 
@@ -62,3 +81,28 @@ def filter_by_length(src: list[list[int]], tgt: list[list[int]], max_len: int):
             keep_src.append(s)
             keep_tgt.append(t)
     return keep_src, keep_tgt, FilterReport(len(keep_src), empty, long, max_len)
+
+
+@dataclass
+class Corpus:
+    train: list[tuple[str, str]]
+    test: list[tuple[str, str]]
+
+
+def load_corpus(task: str | None, src: str | None, tgt: str | None, n_train: int = 200_000,
+                n_test: int = 500, seed: int = 0) -> Corpus:
+    """The numbers task, or parallel files (a seeded shuffle; ``n_test`` pairs, at most a
+    tenth, held out)."""
+    if task == "numbers":
+        from attnlab.data.numbers import numbers_corpus
+
+        train, test = numbers_corpus(n_train, n_test, seed)
+        return Corpus(train, test)
+    if task is not None:
+        raise BadInput(f"unknown task {task!r}; the built-in task is 'numbers'")
+    if not (src and tgt):
+        raise BadInput("give --task numbers, or both --src FILE and --tgt FILE")
+    pairs = [p for p in read_parallel(src, tgt) if p[0] and p[1]]
+    random.Random(seed).shuffle(pairs)
+    n_test = min(n_test, len(pairs) // 10)
+    return Corpus(pairs[n_test:], pairs[:n_test])

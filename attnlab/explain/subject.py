@@ -13,10 +13,11 @@ attnlab translation run (its encoder).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from attnlab.errors import BadInput
 
 
 @dataclass
@@ -88,20 +89,14 @@ def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
     """``(model, tokenizer, label)`` for ``--model``: None (tiny), ``minilm``, or a folder."""
     if spec is None:
         return _tiny(sentences, seed)
-    from attnlab.encoding import MINILM, load_encoder
+    from attnlab.storage import MINILM, load
 
-    if spec == MINILM or (Path(spec) / "config.json").exists() and "model_type" in (
-            Path(spec) / "config.json").read_text():
-        enc = load_encoder(spec)
-        return enc.model, enc.tokenizer, ("all-MiniLM-L6-v2 (pretrained)" if spec == MINILM
-                                          else str(spec))
-    from attnlab.training.checkpoint import load_model_dir
-
-    model, config, tokenizers = load_model_dir(spec)
-    tok = tokenizers.get("text") or tokenizers.get("source")
-    if config.arch == "decoder" or tok is None:
-        raise ValueError(f"{spec}: explain follows an encoder; arch={config.arch!r} has none")
-    return model.eval(), tok, str(spec)
+    loaded = load(spec)
+    tok = loaded.tokenizers.get("text") or loaded.tokenizers.get("source")
+    if loaded.kind == "decoder" or tok is None:
+        raise BadInput(f"{spec}: explain follows an encoder; arch={loaded.kind!r} has none")
+    label = "all-MiniLM-L6-v2 (pretrained)" if spec == MINILM else str(spec)
+    return loaded.model, tok, label
 
 
 def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subject:
@@ -110,7 +105,7 @@ def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subj
 
     with torch.no_grad():
         if isinstance(model, BERT):
-            ids = torch.tensor([tokenizer.encode(sentence)])
+            ids = torch.tensor([tokenizer.encode_single(sentence)])
             pieces = [tokenizer.backend.id_to_token(int(i)) for i in ids[0]]
             types = torch.zeros_like(ids)
             positions = torch.arange(ids.shape[1])

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.errors import BadInput
 from attnlab.explain.subject import OwnRun, Subject
 from attnlab.nn import scaled_dot_product_attention
 
@@ -84,11 +85,11 @@ def walk(subject: Subject, layer: int = 0, head: int = 0, tol: float = 1e-5) -> 
     """Every stage of ``layer``/``head`` for ``subject``, with the checks made on the way."""
     n_layers = len(subject.layers)
     if not 0 <= layer < n_layers:
-        raise ValueError(f"--layer {layer}: the model has layers 0..{n_layers - 1}")
+        raise BadInput(f"--layer {layer}: the model has layers 0..{n_layers - 1}")
     block = subject.layers[layer]
     attn = block.self_attn
     if not 0 <= head < attn.n_heads:
-        raise ValueError(f"--head {head}: the layer has heads 0..{attn.n_heads - 1}")
+        raise BadInput(f"--head {head}: the layer has heads 0..{attn.n_heads - 1}")
     w = Walkthrough(subject, layer, head)
     own = w.own = subject.run_model()
     add, check = w.stages.append, w.checks.append
@@ -216,7 +217,7 @@ def _activate(name: str, x: Tensor) -> Tensor:
         return x * torch.sigmoid(x)
     if name == "gelu_tanh":
         return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    raise ValueError(f"unknown activation {name!r}")
+    raise BadInput(f"unknown activation {name!r}")
 
 
 @torch.no_grad()
@@ -227,10 +228,10 @@ def compare_word(subject_a: Subject, subject_b: Subject, word: str | None = None
               and t not in ("<eos>", "<bos>")]
     if word is None:
         if not shared:
-            raise ValueError("the two sentences share no token to compare")
+            raise BadInput("the two sentences share no token to compare")
         word = max(shared, key=len)
     if word not in subject_a.tokens or word not in subject_b.tokens:
-        raise ValueError(f"{word!r} is not a token of both sentences")
+        raise BadInput(f"{word!r} is not a token of both sentences")
     i, j = subject_a.tokens.index(word), subject_b.tokens.index(word)
     ctx_a = subject_a.run_model().layer_outputs[-1][i]
     ctx_b = subject_b.run_model().layer_outputs[-1][j]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnlab.errors import BadInput
 from attnlab.models import Transformer
 
 PENALTIES = ("gnmt", "average")
@@ -36,7 +37,7 @@ def length_penalty(length: int, alpha: float, kind: str = "gnmt") -> float:
         return ((5 + length) / 6) ** alpha
     if kind == "average":
         return float(length) ** alpha
-    raise ValueError(f"unknown length penalty {kind!r}; choose from {PENALTIES}")
+    raise BadInput(f"unknown length penalty {kind!r}; choose from {PENALTIES}")
 
 
 @torch.no_grad()
@@ -48,9 +49,9 @@ def beam_search(model: Transformer, src_ids: Tensor, beam_size: int = 4, alpha: 
     normalised score of each returned hypothesis ``(batch,)``."""
     cfg, k, device = model.config, beam_size, src_ids.device
     if penalty not in PENALTIES:
-        raise ValueError(f"unknown length penalty {penalty!r}; choose from {PENALTIES}")
+        raise BadInput(f"unknown length penalty {penalty!r}; choose from {PENALTIES}")
     if k < 1:
-        raise ValueError(f"beam size must be >= 1, got {k}")
+        raise BadInput(f"beam size must be >= 1, got {k}")
     batch = src_ids.shape[0]
     max_len = min(src_ids.shape[1] + 50 if max_len is None else max_len, cfg.max_len)
     memory, src_mask = model.encode(src_ids)

@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import BadInput
+from attnlab.nn.layout import decoding_layout_
+
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
     """Set to −inf every logit outside the top-k and outside the nucleus of mass ``top_p``."""
@@ -41,42 +44,18 @@ def check_decoding(ids: Tensor, max_new_tokens: int, temperature: float, top_k: 
                    top_p: float | None, repetition_penalty: float) -> None:
     """Reject settings that would otherwise be ignored silently or fail deep inside torch."""
     if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(f"the prompt must be (batch, length >= 1) token ids, got shape "
-                         f"{tuple(ids.shape)}")
+        raise BadInput(f"the prompt must be (batch, length >= 1) token ids, got shape "
+                       f"{tuple(ids.shape)}")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        raise BadInput(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if not temperature >= 0:  # also catches NaN
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        raise BadInput(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+        raise BadInput(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise BadInput(f"top_p must be in (0, 1], got {top_p}")
     if not repetition_penalty > 0:
-        raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
-
-
-@torch.no_grad()
-def decoding_layout_(model: nn.Module) -> nn.Module:
-    """Store every fp32 CPU ``nn.Linear`` weight input-major, in place; returns ``model``.
-
-    ``W (out, in)`` keeps its shape, values and name, but its memory holds Wᵀ row by row, so
-    ``x · Wᵀ`` multiplies by a row-major ``(in, out)`` matrix. For the one-row products of
-    decoding, PyTorch's fp32 CPU kernels read that layout faster (GPT-2 124M batch 1: 37 vs
-    29 tokens/s; docs/benchmarks.md). bf16 is the other way round, so other dtypes (and other
-    devices) are made row-major again, e.g. after ``.to(torch.bfloat16)`` kept the strides.
-    A tied embedding shares the change (a one-row lookup does not mind). Saving still works:
-    both writers make tensors contiguous.
-    """
-    for m in model.modules():
-        if not isinstance(m, nn.Linear):
-            continue
-        w = m.weight
-        if w.device.type == "cpu" and w.dtype == torch.float32:
-            if w.is_contiguous():
-                w.data = w.data.t().contiguous().t()
-        elif not w.is_contiguous():
-            w.data = w.data.contiguous()
-    return model
+        raise BadInput(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
 
 
 @torch.no_grad()
@@ -88,14 +67,12 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     has produced ``eos_id``; finished rows are padded with ``eos_id``. ``on_token(new)`` is
     called with the ``(batch, n_new)`` tokens so far after each step (streaming); returning
     True stops generation (stop strings). For fp32 on CPU, ``decoding_layout_(model)`` first
-    makes decoding faster; ``load_for_generation`` and the CLI do that."""
+    makes decoding faster; :func:`for_decoding` and the CLI do that."""
     check_decoding(ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty)
     model.eval()
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens
-    if total > model.config.max_len and model.config.positional != "alibi":
-        raise ValueError(f"prompt of {prompt_len} tokens + {max_new_tokens} new exceeds the "
-                         f"model's context max_len={model.config.max_len}")
+    model.config.check_length(total, f"prompt of {prompt_len} tokens + {max_new_tokens} new")
     cache = model.new_cache(capacity=total)
     mask = attention_mask
     if mask is not None:
@@ -127,3 +104,19 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
         if eos_id is not None and done.all():
             break
     return out[:, :length]
+
+
+def for_decoding(model: nn.Module, device: torch.device | str | None = None,
+                 precision: str = "fp32", int4: bool = False) -> nn.Module:
+    """``model`` ready to decode on ``device``: its weights cast to ``precision`` (decoding reads
+    every weight once per token, so half the bytes is what makes it faster) and, in fp32 on a
+    CPU, stored input-major (:func:`decoding_layout_`). An ``int4`` model keeps its 4-bit
+    matrices and bf16 activations, and runs on the CPU only."""
+    if int4:
+        if device is not None and torch.device(device).type != "cpu":
+            raise BadInput(f"--int4 runs on the CPU only, not on {device}")
+    else:
+        from attnlab.hardware import DTYPES
+
+        model = model.to(device=device, dtype=DTYPES[precision])
+    return decoding_layout_(model)

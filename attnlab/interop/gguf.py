@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput, MissingFile
 from attnlab.models import GPT
 
 _LAYER = {
@@ -34,11 +35,11 @@ def _reader(path: Path):
     except ImportError:
         raise ImportError("reading GGUF needs the 'gguf' package: pip install gguf") from None
     if not path.exists():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
+        raise MissingFile(f"GGUF file not found: {path}")
     try:
         return gguf, gguf.GGUFReader(str(path))
     except Exception as e:  # the reader raises several types on damaged files
-        raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
+        raise BadInput(f"{path}: not a readable GGUF file ({e})") from None
 
 
 def _field(reader, key: str, default=None):
@@ -55,7 +56,7 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def gguf_config(reader, path: Path) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise ValueError(f"{path}: general.architecture={arch!r} is not supported (only 'llama')")
+        raise BadInput(f"{path}: general.architecture={arch!r} is not supported (only 'llama')")
     p = "llama."
     d = int(_field(reader, p + "embedding_length"))
     tokens = reader.fields["tokenizer.ggml.tokens"]
@@ -136,8 +137,8 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings)
                and not m.endswith((".codes", ".scale_and_zero"))]
     if missing or unexpected:
-        raise ValueError(f"{path}: tensors do not fit a Llama model (missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]})")
+        raise BadInput(f"{path}: tensors do not fit a Llama model (missing {missing[:3]}, "
+                       f"unexpected {unexpected[:3]})")
     if quantized and not int4:  # no Q4_1 matrices in the file: quantise its float weights
         from attnlab.nn.quantized import quantize_int4
 

@@ -9,6 +9,7 @@ checkpoints store a bare encoder with the prefix, or a headed one without; both 
 from __future__ import annotations
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
 from attnlab.interop.huggingface import Family, register
 
 _ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -27,16 +28,16 @@ def bert_to_config(hf: dict) -> ModelConfig:
     hf = {**_DEFAULTS, **hf}
     act = hf.get("hidden_act", "gelu")
     if act not in _ACT:
-        raise ValueError(f"hidden_act={act!r} is not supported for bert "
-                         f"(supported: {sorted(_ACT)})")
+        raise BadInput(f"hidden_act={act!r} is not supported for bert "
+                       f"(supported: {sorted(_ACT)})")
     kind = hf.get("position_embedding_type", "absolute")
     if kind != "absolute":
-        raise ValueError(f"position_embedding_type={kind!r} is not supported "
-                         "(only 'absolute')")
+        raise BadInput(f"position_embedding_type={kind!r} is not supported "
+                       "(only 'absolute')")
     arch = (hf.get("architectures") or ["BertModel"])[0]
     if arch not in _CLASSES:
-        raise ValueError(f"architectures={arch!r} is not supported for bert "
-                         f"(supported: {sorted(_CLASSES)})")
+        raise BadInput(f"architectures={arch!r} is not supported for bert "
+                       f"(supported: {sorted(_CLASSES)})")
     labels = hf.get("id2label")
     extra = {"hf_model_type": "bert"}
     if labels:
@@ -60,7 +61,7 @@ def bert_to_config(hf: dict) -> ModelConfig:
 def bert_from_config(c: ModelConfig) -> dict:
     acts = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
     if c.activation not in acts:
-        raise ValueError(f"activation={c.activation!r} has no BertModel equivalent")
+        raise BadInput(f"activation={c.activation!r} has no BertModel equivalent")
     act = acts[c.activation]
     labels = c.extra.get("labels") or [f"LABEL_{i}" for i in range(c.num_labels)]
     return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, num_attention_heads=c.n_heads,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
 from attnlab.interop.huggingface import Family, register
 
 _GPT2_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
@@ -19,8 +20,8 @@ _LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=110
 def _require(hf: dict, field: str, allowed, what: str):
     value = hf.get(field)
     if value not in allowed:
-        raise ValueError(f"{field}={value!r} is not supported for {what} "
-                         f"(supported: {sorted(map(str, allowed))})")
+        raise BadInput(f"{field}={value!r} is not supported for {what} "
+                       f"(supported: {sorted(map(str, allowed))})")
     return value
 
 
@@ -81,15 +82,15 @@ def llama_to_config(hf: dict) -> ModelConfig:
     scaling = hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", scaling.get("rope_type", "default"))
     if rope_type != "default":
-        raise ValueError(f"rope_type={rope_type!r} is not supported (only 'default')")
+        raise BadInput(f"rope_type={rope_type!r} is not supported (only 'default')")
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
-        raise ValueError("attention_bias and mlp_bias must agree "
-                         f"(got {hf.get('attention_bias')!r} and {hf.get('mlp_bias')!r})")
+        raise BadInput("attention_bias and mlp_bias must agree "
+                       f"(got {hf.get('attention_bias')!r} and {hf.get('mlp_bias')!r})")
     d, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or d // heads
     if head_dim * heads != d:
-        raise ValueError(f"head_dim={head_dim} with {heads} heads != "
-                         f"hidden_size={d} (not supported)")
+        raise BadInput(f"head_dim={head_dim} with {heads} heads != "
+                       f"hidden_size={d} (not supported)")
     return ModelConfig(
         arch="decoder", vocab_size=hf["vocab_size"], d_model=d, n_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads, d_ff=hf["intermediate_size"],

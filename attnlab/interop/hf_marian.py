@@ -8,6 +8,7 @@ which Marian sets to the pad id.
 from __future__ import annotations
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
 from attnlab.interop.huggingface import Family, register
 
 _ACT = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "swish": "silu",
@@ -16,21 +17,21 @@ _ACT = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "swish": "silu"
 
 def _same(hf: dict, a: str, b: str):
     if hf.get(a) != hf.get(b):
-        raise ValueError(f"{a}={hf.get(a)!r} and {b}={hf.get(b)!r} differ "
-                         "(attnlab's encoder and decoder share one width)")
+        raise BadInput(f"{a}={hf.get(a)!r} and {b}={hf.get(b)!r} differ "
+                       "(attnlab's encoder and decoder share one width)")
     return hf[a]
 
 
 def marian_to_config(hf: dict) -> ModelConfig:
     act = hf.get("activation_function", "gelu")
     if act not in _ACT:
-        raise ValueError(f"activation_function={act!r} is not supported for "
-                         f"marian (supported: {sorted(_ACT)})")
+        raise BadInput(f"activation_function={act!r} is not supported for "
+                       f"marian (supported: {sorted(_ACT)})")
     if not hf.get("share_encoder_decoder_embeddings", True):
-        raise ValueError("share_encoder_decoder_embeddings=False is not supported")
+        raise BadInput("share_encoder_decoder_embeddings=False is not supported")
     if hf.get("normalize_before", False):
-        raise ValueError("normalize_before=True is not supported (Marian is "
-                         "post-LN)")
+        raise BadInput("normalize_before=True is not supported (Marian is "
+                       "post-LN)")
     pad = hf.get("pad_token_id", hf["vocab_size"] - 1)
     return ModelConfig(
         arch="encoder-decoder", vocab_size=hf["vocab_size"], d_model=hf["d_model"],
@@ -51,12 +52,12 @@ def marian_to_config(hf: dict) -> ModelConfig:
 def marian_from_config(c: ModelConfig) -> dict:
     act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "swish"}
     if c.activation not in act or c.norm_placement != "post" or c.use_final_norm:
-        raise ValueError(f"this configuration has no MarianMTModel equivalent (activation "
-                         f"{c.activation}, {c.norm_placement}-LN, final norm "
-                         f"{c.use_final_norm})")
+        raise BadInput(f"this configuration has no MarianMTModel equivalent (activation "
+                       f"{c.activation}, {c.norm_placement}-LN, final norm "
+                       f"{c.use_final_norm})")
     if c.positional != "sinusoidal-split" or not c.tie_embeddings or c.tgt_vocab_size:
-        raise ValueError("a MarianMTModel needs positional='sinusoidal-split' and one shared, "
-                         "tied vocabulary")
+        raise BadInput("a MarianMTModel needs positional='sinusoidal-split' and one shared, "
+                       "tied vocabulary")
     return dict(vocab_size=c.vocab_size, decoder_vocab_size=c.vocab_size, d_model=c.d_model,
                 encoder_layers=c.n_encoder_layers, decoder_layers=c.n_decoder_layers,
                 encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput, MissingFile
 
 
 @dataclass
@@ -49,18 +50,18 @@ def register(family: Family) -> Family:
 def read_hf_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: not found (expected a Hugging Face model folder)")
+        raise MissingFile(f"{path}: not found (expected a Hugging Face model folder)")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+        raise BadInput(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
 
 
 def family_of(hf: dict, folder: Path) -> Family:
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
-        raise ValueError(f"{folder / 'config.json'}: model_type={model_type!r} is not supported "
-                         f"(supported: {', '.join(sorted(FAMILIES))})")
+        raise BadInput(f"{folder / 'config.json'}: model_type={model_type!r} is not supported "
+                       f"(supported: {', '.join(sorted(FAMILIES))})")
     return FAMILIES[model_type]
 
 
@@ -72,14 +73,14 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         files = [folder / s for s in shards]
     if not files:
-        raise FileNotFoundError(f"{folder}: no model.safetensors (pickled .bin files are not "
-                                "loaded: they can run arbitrary code)")
+        raise MissingFile(f"{folder}: no model.safetensors (pickled .bin files are not "
+                          "loaded: they can run arbitrary code)")
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         try:
             weights.update(load_file(str(f)))
         except (SafetensorError, OSError) as e:
-            raise ValueError(f"{f}: truncated or corrupted safetensors file ({e})") from None
+            raise BadInput(f"{f}: truncated or corrupted safetensors file ({e})") from None
     return weights
 
 
@@ -111,9 +112,9 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
     try:
         config = family.to_config(hf)
     except KeyError as e:
-        raise ValueError(f"{folder / 'config.json'}: missing field {e}") from None
+        raise BadInput(f"{folder / 'config.json'}: missing field {e}") from None
     except (TypeError, ValueError) as e:  # the families say what; this says which file
-        raise ValueError(f"{folder / 'config.json'}: {e}") from None
+        raise BadInput(f"{folder / 'config.json'}: {e}") from None
     weights = read_hf_weights(folder)
     model = build_model(config)
     tied = _tied_names(model)
@@ -123,13 +124,13 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
         if name is None:
             if ours in tied:
                 continue  # stored once, as the embedding
-            raise ValueError(f"{folder}: weight {theirs!r} missing from the checkpoint")
+            raise BadInput(f"{folder}: weight {theirs!r} missing from the checkpoint")
         state[ours] = _to_ours(weights[name].float(), transpose)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if m not in tied]
     if missing or unexpected:
-        raise ValueError(f"{folder}: weights do not fit the model (missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]})")
+        raise BadInput(f"{folder}: weights do not fit the model (missing {missing[:3]}, "
+                       f"unexpected {unexpected[:3]})")
     return model.eval()
 
 
@@ -180,4 +181,4 @@ def _default_type(config: ModelConfig) -> str:
         return "bert"
     if config.arch == "encoder-decoder":
         return "marian"
-    raise ValueError(f"no Hugging Face family known for arch={config.arch!r}")
+    raise BadInput(f"no Hugging Face family known for arch={config.arch!r}")

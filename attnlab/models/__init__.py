@@ -9,15 +9,17 @@ from attnlab.models.bert import BERT, mean_pool
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
 
-FAMILIES: dict[str, type[nn.Module]] = {"encoder-decoder": Transformer, "decoder": GPT,
-                                         "encoder": BERT}
+# the model class of each ModelConfig.arch (the Hugging Face model families are
+# attnlab.interop.FAMILIES)
+ARCHITECTURES: dict[str, type[nn.Module]] = {"encoder-decoder": Transformer, "decoder": GPT,
+                                             "encoder": BERT}
 
 
 def build_model(config: ModelConfig) -> nn.Module:
     """The model class the config's ``arch`` names."""
-    if config.arch not in FAMILIES:
+    if config.arch not in ARCHITECTURES:
         raise ValueError(f"config field arch={config.arch!r}: no model family implements it yet")
-    return FAMILIES[config.arch](config)
+    return ARCHITECTURES[config.arch](config)
 
 
-__all__ = ["Transformer", "GPT", "BERT", "mean_pool", "build_model", "FAMILIES"]
+__all__ = ["Transformer", "GPT", "BERT", "mean_pool", "build_model", "ARCHITECTURES"]

@@ -101,9 +101,7 @@ class BERT(nn.Module):
         ``attention_mask (batch, seq)``: True/1 at real tokens, False/0 at padding; padded keys
         get no attention (the mask's rows broadcast over queries and heads).
         """
-        if ids.shape[1] > self.config.max_len:
-            raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds the model's "
-                             f"max_len={self.config.max_len}")
+        self.config.check_length(ids.shape[1])
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.embed_dropout(self.embeddings(ids, token_type_ids, positions))
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
@@ -135,13 +133,6 @@ class BERT(nn.Module):
         if head == "classify":
             return self.classifier(self.head_dropout(self.pool(h)))
         return self.classifier(self.head_dropout(h))  # tokens
-
-    def save_pretrained(self, path) -> None:
-        """Write a Hugging Face BERT folder (the class follows the head) that transformers
-        loads."""
-        from attnlab.interop import save_pretrained
-
-        save_pretrained(self, path)
 
     def components(self) -> OrderedDict[str, list[nn.Module]]:
         embeddings = [m for m in (self.embed, self.positional, self.segment, self.embed_norm)

@@ -65,11 +65,7 @@ class GPT(nn.Module):
                 total_len counts cached tokens too.
         """
         offset = 0 if cache is None else cache.length
-        total = offset + ids.shape[1]
-        bounded = self.config.positional in ("learned", "sinusoidal", "sinusoidal-split", "rope")
-        if bounded and total > self.config.max_len:
-            raise ValueError(f"sequence of {total} tokens exceeds the model's context "
-                             f"max_len={self.config.max_len}")
+        self.config.check_length(offset + ids.shape[1])
         if positions is None:
             positions = _positions(ids, offset, attention_mask)
         x = self.embed_dropout(self.positional.embed(self.embed(ids), positions))
@@ -79,12 +75,6 @@ class GPT(nn.Module):
         h = self.blocks(x, mask=mask, is_causal=True, positional=self.positional,
                         positions=positions, cache=cache, need_weights=need_weights)
         return self.lm_head(h)
-
-    def save_pretrained(self, path) -> None:
-        """Write a Hugging Face folder (GPT-2 or Llama layout) that transformers loads."""
-        from attnlab.interop import save_pretrained
-
-        save_pretrained(self, path)
 
     def new_cache(self, capacity: int = 256) -> DecoderCache:
         return DecoderCache(len(self.blocks.layers), capacity)

@@ -108,26 +108,12 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src_ids, need_weights)
         return self.decode(tgt_ids, memory, src_mask, need_weights=need_weights)
 
-    def save_pretrained(self, path) -> None:
-        """Write a Hugging Face MarianMTModel folder that transformers loads (the model must
-        be Marian-shaped: post-LN, ``positional="sinusoidal-split"``, one tied vocabulary)."""
-        from attnlab.interop import save_pretrained
-
-        save_pretrained(self, path)
-
     def new_cache(self, capacity: int = 256) -> DecoderCache:
         """An empty KV cache for incremental decoding with :meth:`decode`."""
         return DecoderCache(len(self.decoder.layers), capacity)
 
     def _check_length(self, ids: Tensor, what: str, offset: int = 0) -> None:
-        limit = self.config.max_len
-        if self.config.positional in ("sinusoidal", "sinusoidal-split", "learned", "rope") and (
-            offset + ids.shape[1] > limit
-        ):
-            raise ValueError(
-                f"{what} sequence of length {offset + ids.shape[1]} exceeds the model's "
-                f"maximum length max_len={limit}"
-            )
+        self.config.check_length(offset + ids.shape[1], f"{what} sequence")
 
     # --- inspection ----------------------------------------------------------------------
     def components(self) -> OrderedDict[str, list[nn.Module]]:

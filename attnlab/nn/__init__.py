@@ -5,6 +5,7 @@ from attnlab.nn.blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
 from attnlab.nn.cache import DecoderCache, KVCache, LayerCache
 from attnlab.nn.embeddings import TokenEmbedding
 from attnlab.nn.feedforward import FeedForward
+from attnlab.nn.layout import decoding_layout_
 from attnlab.nn.masks import causal_mask, combine_masks, lengths_mask, padding_mask
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.norms import LayerNorm, Residual, RMSNorm, build_norm
@@ -28,5 +29,5 @@ __all__ = [
     "RotaryPositionalEncoding", "ALiBiPositionalEncoding", "NoPositionalEncoding",
     "alibi_slopes", "build_positional", "positions_from", "sinusoidal_table",
     "LayerNorm", "RMSNorm", "Residual", "build_norm", "FeedForward", "TokenEmbedding",
-    "EncoderLayer", "DecoderLayer", "Encoder", "Decoder",
+    "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "decoding_layout_",
 ]

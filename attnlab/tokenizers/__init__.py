@@ -5,21 +5,19 @@ from __future__ import annotations
 import json
 import os
 
-from attnlab.tokenizers.base import SPECIALS, Tokenizer
+from attnlab.errors import BadInput, MissingFile
+from attnlab.tokenizers.base import (
+    KINDS,
+    SPECIALS,
+    CharTokenizer,
+    Tokenizer,
+    VocabTokenizer,
+    WordTokenizer,
+    pad,
+    tokenizer_from_dict,
+)
 from attnlab.tokenizers.bpe import BPETokenizer
-from attnlab.tokenizers.char import CharTokenizer
-from attnlab.tokenizers.word import WordTokenizer
 from attnlab.tokenizers.wordpiece import WordPieceTokenizer
-
-KINDS: dict[str, type] = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer,
-                         "wordpiece": WordPieceTokenizer}
-
-
-def tokenizer_from_dict(data: dict) -> Tokenizer:
-    kind = data.get("type")
-    if kind not in KINDS:
-        raise ValueError(f"unknown tokenizer type {kind!r}; expected one of {sorted(KINDS)}")
-    return KINDS[kind].from_dict(data)
 
 
 def load(path: str | os.PathLike) -> Tokenizer:
@@ -28,11 +26,11 @@ def load(path: str | os.PathLike) -> Tokenizer:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise FileNotFoundError(f"tokenizer file not found: {path}") from None
+        raise MissingFile(f"tokenizer file not found: {path}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
+        raise BadInput(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
     return tokenizer_from_dict(data)
 
 
-__all__ = ["Tokenizer", "BPETokenizer", "WordPieceTokenizer", "CharTokenizer", "WordTokenizer",
-           "SPECIALS", "load", "tokenizer_from_dict", "KINDS"]
+__all__ = ["Tokenizer", "VocabTokenizer", "BPETokenizer", "WordPieceTokenizer", "CharTokenizer",
+           "WordTokenizer", "SPECIALS", "load", "tokenizer_from_dict", "KINDS", "pad"]

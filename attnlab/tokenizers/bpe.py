@@ -14,9 +14,12 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from attnlab.errors import BadInput, MissingFile
+from attnlab.tokenizers.base import Tokenizer
 
-class BPETokenizer:
-    """Wraps a ``tokenizers.Tokenizer``; ``encode``/``decode``/``encode_batch``/``save``."""
+
+class BPETokenizer(Tokenizer):
+    """Wraps a ``tokenizers.Tokenizer`` behind attnlab's :class:`Tokenizer` interface."""
 
     kind = "bpe"
 
@@ -67,11 +70,11 @@ class BPETokenizer:
         try:
             text = open(path, encoding="utf-8").read()
         except FileNotFoundError:
-            raise FileNotFoundError(f"tokenizer file not found: {path}") from None
+            raise MissingFile(f"tokenizer file not found: {path}") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
+            raise BadInput(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
         if data.get("type") == cls.kind:
             return cls.from_dict(data)
         backend = HFTokenizer.from_str(text)
@@ -91,7 +94,7 @@ class BPETokenizer:
                 merges = [line.rstrip("\n") for line in f
                           if line.strip() and not line.startswith("#version")]
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"GPT-2 tokenizer file not found: {e.filename}") from None
+            raise MissingFile(f"GPT-2 tokenizer file not found: {e.filename}") from None
         tokens = [t for t, _ in sorted(encoder.items(), key=lambda kv: kv[1])]
         eos = encoder.get("<|endoftext|>")
         return cls.from_vocab_and_merges(tokens, merges, bos_id=eos, eos_id=eos)
@@ -103,10 +106,6 @@ class BPETokenizer:
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         ids = self.backend.encode(text, add_special_tokens=False).ids
         return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
-
-    def encode_batch(self, texts: list[str], add_bos: bool = False,
-                     add_eos: bool = False) -> list[list[int]]:
-        return [self.encode(t, add_bos, add_eos) for t in texts]
 
     def decode(self, ids, skip_special: bool = True) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
@@ -121,12 +120,6 @@ class BPETokenizer:
         backend = HFTokenizer.from_str(json.dumps(data["tokenizer"]))
         return cls(backend, data.get("bos_id"), data.get("eos_id"), data.get("pad_id"),
                    data.get("unk_id"))
-
-    def save(self, path: str | os.PathLike) -> None:
-        """attnlab's JSON (the ``tokenizers`` JSON plus the special ids)."""
-        from pathlib import Path
-
-        Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False))
 
     def save_hf(self, path: str | os.PathLike) -> None:
         """The plain Hugging Face ``tokenizer.json``."""

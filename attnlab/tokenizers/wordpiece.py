@@ -22,11 +22,15 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from attnlab.errors import BadInput, MissingFile
+from attnlab.tokenizers.base import Tokenizer
+
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-class WordPieceTokenizer:
-    """``encode`` / ``encode_pair`` / ``batch`` (padded tensors) / ``decode`` / ``save``."""
+class WordPieceTokenizer(Tokenizer):
+    """attnlab's :class:`Tokenizer` interface (bos = [CLS], eos = [SEP]), plus BERT's
+    ``encode_pair`` and ``batch`` (padded tensors with token types and attention mask)."""
 
     kind = "wordpiece"
 
@@ -37,7 +41,7 @@ class WordPieceTokenizer:
         ids = {t: backend.token_to_id(t) for t in SPECIAL}
         missing = [t for t, i in ids.items() if i is None]
         if missing:
-            raise ValueError(f"WordPiece vocabulary lacks the special token(s) {missing}")
+            raise BadInput(f"WordPiece vocabulary lacks the special token(s) {missing}")
         self.pad_id, self.unk_id = ids["[PAD]"], ids["[UNK]"]
         self.cls_id, self.sep_id, self.mask_id = ids["[CLS]"], ids["[SEP]"], ids["[MASK]"]
         self.bos_id, self.eos_id = self.cls_id, self.sep_id
@@ -49,7 +53,7 @@ class WordPieceTokenizer:
         """From a ``vocab.txt``'s tokens (one per line; the line number is the id)."""
         missing = [t for t in SPECIAL if t not in tokens]
         if missing:
-            raise ValueError(f"WordPiece vocabulary lacks the special token(s) {missing}")
+            raise BadInput(f"WordPiece vocabulary lacks the special token(s) {missing}")
         backend = HFTokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)},
                                                unk_token="[UNK]"))
         backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
@@ -72,14 +76,14 @@ class WordPieceTokenizer:
             for name in ("tokenizer.json", "vocab.txt"):
                 if (path / name).exists():
                     return cls.from_file(path / name)
-            raise FileNotFoundError(f"{path}: no tokenizer.json or vocab.txt")
+            raise MissingFile(f"{path}: no tokenizer.json or vocab.txt")
         if not path.exists():
-            raise FileNotFoundError(f"tokenizer file not found: {path}")
+            raise MissingFile(f"tokenizer file not found: {path}")
         if path.suffix == ".json":
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
+                raise BadInput(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
             if data.get("type") == cls.kind:  # attnlab's own save()
                 return cls.from_dict(data)
             return cls(HFTokenizer.from_str(json.dumps(data)))
@@ -111,8 +115,14 @@ class WordPieceTokenizer:
         """Pieces without the [CLS]/[SEP] frame."""
         return self.backend.encode(text, add_special_tokens=False).tokens
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special).ids
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Ids of the pieces; ``add_bos``/``add_eos`` frame them as ``[CLS] … [SEP]``."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        return ([self.cls_id] if add_bos else []) + ids + ([self.sep_id] if add_eos else [])
+
+    def encode_single(self, text: str) -> list[int]:
+        """``[CLS] text [SEP]``: one sequence as BERT sees it."""
+        return self.encode(text, add_bos=True, add_eos=True)
 
     def encode_pair(self, a: str, b: str) -> tuple[list[int], list[int]]:
         """``[CLS] a [SEP] b [SEP]`` and its token types."""
@@ -151,5 +161,3 @@ class WordPieceTokenizer:
     def from_dict(cls, data: dict[str, Any]) -> WordPieceTokenizer:
         return cls(HFTokenizer.from_str(json.dumps(data["tokenizer"])))
 
-    def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False))

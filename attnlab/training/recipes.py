@@ -1,185 +1,347 @@
-"""End-to-end jobs: train a translator on files or on the built-in numbers task, evaluate it.
+"""Training recipes: one path for every family, each family supplying only what differs.
 
-Used by ``attnlab train translate`` and ``attnlab demo``; everything here is plain functions
-over the library's parts, so the same steps work from Python.
+    read and validate data -> config -> model -> trainer -> checkpoints -> results
+
+:func:`run` is that path. A :class:`Recipe` prepares the data (tokenizers, batch streams, the
+task that turns a batch into a loss) and completes the model config from it; it may build the
+model its own way (a classifier starts from a pretrained encoder) and add results at the end
+(the classifier's test accuracy). Nothing here mutates the caller's config.
+
+* :class:`TranslationRecipe`: an encoder–decoder, the paper's recipe (``train translate``);
+* :class:`LMRecipe`: a decoder-only language model on a text file (``train lm``);
+* :class:`MLMRecipe`: BERT masked-LM (and NSP) pretraining (``train mlm``);
+* :class:`ClassifyRecipe`: fine-tuning a [CLS] classifier (``train classify``).
 """
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from attnlab import hardware
 from attnlab.config import ModelConfig
-from attnlab.data import TranslationBatches, filter_by_length, numbers_corpus, read_parallel
-from attnlab.data.batching import pad
-from attnlab.generation import greedy_decode
-from attnlab.models import Transformer
-from attnlab.tokenizers import CharTokenizer, Tokenizer, WordTokenizer
+from attnlab.data import (
+    Corpus,
+    LMBatches,
+    TranslationBatches,
+    eval_windows,
+    filter_by_length,
+    read_text,
+)
+from attnlab.errors import BadInput
+from attnlab.models import build_model
+from attnlab.storage import list_checkpoints, load_weights, save_model_dir
+from attnlab.tokenizers import (
+    BPETokenizer,
+    CharTokenizer,
+    Tokenizer,
+    WordPieceTokenizer,
+    WordTokenizer,
+)
 from attnlab.training import distributed
-from attnlab.training.checkpoint import list_checkpoints
+from attnlab.training.tasks import CausalLM, Classify, MaskedLM, Seq2Seq
 from attnlab.training.trainer import TrainConfig, Trainer
 
 TOKENIZERS = {"char": CharTokenizer, "word": WordTokenizer}
 
 
 @dataclass
-class Corpus:
-    train: list[tuple[str, str]]
-    test: list[tuple[str, str]]
+class Prepared:
+    """What a recipe makes of its data before a model exists."""
+
+    config: ModelConfig  # the model config, completed from the data (vocabulary, ids, ...)
+    tokenizers: dict[str, Tokenizer]
+    batches: Any  # the endless training stream
+    task: Any  # Seq2Seq, CausalLM, MaskedLM or Classify
+    summary: str  # one line about the data, printed before training
+    val_batches: list | None = None
+    state: dict[str, Any] = field(default_factory=dict)  # what finish() needs later
 
 
-def load_corpus(task: str | None, src: str | None, tgt: str | None, n_train: int = 200_000,
-                n_test: int = 500, seed: int = 0) -> Corpus:
-    """The numbers task, or parallel files (the last ``n_test`` pairs held out)."""
-    if task == "numbers":
-        train, test = numbers_corpus(n_train, n_test, seed)
-        return Corpus(train, test)
-    if task is not None:
-        raise ValueError(f"unknown task {task!r}; the built-in task is 'numbers'")
-    if not (src and tgt):
-        raise ValueError("give --task numbers, or both --src FILE and --tgt FILE")
-    pairs = [p for p in read_parallel(src, tgt) if p[0] and p[1]]
-    random.Random(seed).shuffle(pairs)
-    n_test = min(n_test, len(pairs) // 10)
-    return Corpus(pairs[n_test:], pairs[:n_test])
+@dataclass
+class TrainedRun:
+    model: nn.Module
+    tokenizers: dict[str, Tokenizer]
+    history: list[dict[str, float]]
+    results: dict[str, float]
 
 
-def _refuse_to_overwrite(out_dir: str | Path, resume: bool) -> None:
-    """A fresh run must not mix its checkpoints and metrics with an earlier run's."""
-    if not resume and list_checkpoints(Path(out_dir) / "checkpoints"):
-        raise ValueError(f"{out_dir} already holds checkpoints: pass --resume to continue that "
-                         "run, or choose another --out")
+class Recipe:
+    """A family's part of :func:`run`."""
+
+    def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
+        raise NotImplementedError
+
+    def build(self, prepared: Prepared) -> nn.Module:
+        return build_model(prepared.config)
+
+    def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
+               rank: int) -> dict[str, float]:
+        return {}
 
 
-def encode_pairs(pairs, src_tok: Tokenizer, tgt_tok: Tokenizer, max_len: int):
-    """Source ``... eos``, target ``bos ... eos``; pairs over ``max_len`` are dropped."""
-    src = [src_tok.encode(s, add_eos=True) for s, _ in pairs]
-    tgt = [tgt_tok.encode(t, add_bos=True, add_eos=True) for _, t in pairs]
-    return filter_by_length(src, tgt, max_len)
-
-
-def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelConfig,
-                      train_config: TrainConfig, src_tokenizer: str = "word",
-                      tgt_tokenizer: str = "char", resume: bool = False, log=print,
-                      shared_tokenizer=None):
-    """Train and return ``(model, tokenizers, history)``; checkpoints go to ``out_dir``.
-
-    ``shared_tokenizer`` (e.g. a :class:`BPETokenizer` trained on both sides) gives the paper's
-    setup: one vocabulary, one embedding matrix for source, target and output; otherwise each
-    side gets its own word or character vocabulary, learned from the training pairs.
-    """
+def run(recipe: Recipe, out_dir: str | Path, model_config: ModelConfig,
+        train_config: TrainConfig, resume: bool = False, log=print) -> TrainedRun:
+    """Train with ``recipe``; checkpoints, metrics.jsonl and results go to ``out_dir``."""
+    out_dir = Path(out_dir)
     rank, _ = distributed.init_from_env()
-    _refuse_to_overwrite(out_dir, resume)
-    torch.manual_seed(train_config.seed)
-    if shared_tokenizer is not None:
-        src_tok = tgt_tok = shared_tokenizer
-        model_config.vocab_size, model_config.tgt_vocab_size = src_tok.vocab_size, None
-    else:
-        src_tok = TOKENIZERS[src_tokenizer].train(s for s, _ in corpus.train)
-        tgt_tok = TOKENIZERS[tgt_tokenizer].train(t for _, t in corpus.train)
-        model_config.vocab_size = src_tok.vocab_size
-        model_config.tgt_vocab_size = tgt_tok.vocab_size
-    src, tgt, report = encode_pairs(corpus.train, src_tok, tgt_tok, model_config.max_len)
-    if not src:
-        raise ValueError(f"empty corpus after length filtering: {report}")
+    if not resume and list_checkpoints(out_dir / "checkpoints"):  # never mix two runs
+        raise BadInput(f"{out_dir} already holds checkpoints: pass --resume to continue that "
+                       "run, or choose another --out")
+    prepared = recipe.prepare(model_config, train_config)
     if rank == 0:
-        log(f"data: {report}; vocabularies {src_tok.vocab_size} (source) and "
-            f"{tgt_tok.vocab_size} (target)")
-    model = Transformer(model_config).to(hardware.pick_device(train_config.device))
-    batches = TranslationBatches(src, tgt, train_config.max_tokens, seed=train_config.seed)
-    tokenizers = {"source": src_tok.to_dict(), "target": tgt_tok.to_dict()}
-    trainer = Trainer(model, batches, train_config, out_dir, tokenizers, model_config)
+        log(f"data: {prepared.summary}")
+    torch.manual_seed(train_config.seed)  # the same initial weights for the same seed
+    model = recipe.build(prepared).to(hardware.pick_device(train_config.device))
+    tokenizers = {role: tok.to_dict() for role, tok in prepared.tokenizers.items()}
+    trainer = Trainer(model, prepared.batches, train_config, out_dir, tokenizers,
+                      model.config, prepared.task, prepared.val_batches)
     if resume and trainer.resume() and rank == 0:
         log(f"resumed from step {trainer.step}")
     history = trainer.fit()
-    return model.eval(), {"source": src_tok, "target": tgt_tok}, history
+    results = recipe.finish(model, prepared, out_dir, rank)
+    return TrainedRun(model.eval(), prepared.tokenizers, history, results)
 
 
-@torch.no_grad()
-def translate(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, sentences: list[str],
-              batch_size: int = 256, max_len: int | None = None, beam_size: int = 1,
-              alpha: float = 0.6) -> list[str]:
-    """Translations of ``sentences``: greedy (``beam_size=1``) or beam search with the GNMT
-    length penalty α. Sentences are batched by length (less padding), answers keep the input
-    order."""
-    from attnlab.generation import beam_search
+# --- the families --------------------------------------------------------------------------
+@dataclass
+class TranslationRecipe(Recipe):
+    """Source ``... eos``, target ``bos ... eos``. ``shared`` (e.g. a BPE tokenizer trained on
+    both sides) gives the paper's setup: one vocabulary and one embedding matrix for source,
+    target and output; otherwise each side learns its own word or character vocabulary."""
 
-    model.eval()
-    ids = [src_tok.encode(s, add_eos=True) for s in sentences]
-    longest = max(map(len, ids), default=0)
-    if longest > model.config.max_len:
-        raise ValueError(f"input of {longest} tokens exceeds the model's maximum length "
-                         f"max_len={model.config.max_len}")
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    out: list[str] = [""] * len(ids)
-    device = next(model.parameters()).device
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        src = pad([ids[i] for i in chunk], model.config.pad_id).to(device)
-        tokens = (greedy_decode(model, src, max_len=max_len) if beam_size == 1 else
-                  beam_search(model, src, beam_size, alpha, max_len=max_len))
-        for i, row in zip(chunk, tokens.tolist(), strict=True):
-            out[i] = tgt_tok.decode(row)
-    return out
+    corpus: Corpus
+    src_tokenizer: str = "word"
+    tgt_tokenizer: str = "char"
+    shared: Tokenizer | None = None
+
+    def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
+        if self.shared is not None:
+            src_tok = tgt_tok = self.shared
+            config = dataclasses.replace(model_config, vocab_size=src_tok.vocab_size,
+                                         tgt_vocab_size=None)
+        else:
+            src_tok = TOKENIZERS[self.src_tokenizer].train(s for s, _ in self.corpus.train)
+            tgt_tok = TOKENIZERS[self.tgt_tokenizer].train(t for _, t in self.corpus.train)
+            config = dataclasses.replace(model_config, vocab_size=src_tok.vocab_size,
+                                         tgt_vocab_size=tgt_tok.vocab_size)
+        if config.arch != "encoder-decoder":
+            raise BadInput(f"translation needs an encoder-decoder, not arch={config.arch!r}")
+        src, tgt, report = filter_by_length(
+            [src_tok.encode(s, add_eos=True) for s, _ in self.corpus.train],
+            [tgt_tok.encode(t, add_bos=True, add_eos=True) for _, t in self.corpus.train],
+            config.max_len)
+        if not src:
+            raise BadInput(f"empty corpus after length filtering: {report}")
+        return Prepared(config, {"source": src_tok, "target": tgt_tok},
+                        TranslationBatches(src, tgt, train_config.max_tokens,
+                                           seed=train_config.seed),
+                        Seq2Seq(config.pad_id, train_config.label_smoothing),
+                        f"{report}; vocabularies {src_tok.vocab_size} (source) and "
+                        f"{tgt_tok.vocab_size} (target)")
 
 
-def exact_match(model, src_tok, tgt_tok, pairs) -> tuple[float, list[str]]:
-    hyps = translate(model, src_tok, tgt_tok, [s for s, _ in pairs])
-    correct = sum(h == t for h, (_, t) in zip(hyps, pairs, strict=True))
-    return correct / max(1, len(pairs)), hyps
+@dataclass
+class LMRecipe(Recipe):
+    """A text file: the first ``1 - val_fraction`` trains, the rest validates."""
+
+    text: str | Path
+    block: int
+    batch_size: int
+    tokenizer: str = "char"  # or "gpt2" with bpe_dir holding encoder.json and vocab.bpe
+    bpe_dir: str | Path | None = None
+    val_fraction: float = 0.1
+
+    def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
+        text = read_text(self.text)
+        if self.tokenizer == "char":
+            tok: Tokenizer = CharTokenizer.train([text])
+        elif self.tokenizer == "gpt2":
+            if not self.bpe_dir:
+                raise BadInput("--tokenizer gpt2 needs --bpe-dir holding encoder.json and "
+                               "vocab.bpe")
+            folder = Path(self.bpe_dir)
+            tok = BPETokenizer.from_gpt2_files(folder / "encoder.json", folder / "vocab.bpe")
+        else:
+            raise BadInput(f"unknown tokenizer {self.tokenizer!r} (char or gpt2)")
+        ids = torch.tensor(tok.encode(text), dtype=torch.long)
+        split = int(len(ids) * (1 - self.val_fraction))
+        train_ids, val_ids = ids[:split], ids[split:]
+        config = dataclasses.replace(model_config, vocab_size=tok.vocab_size,
+                                     max_len=max(model_config.max_len, self.block))
+        return Prepared(config, {"text": tok},
+                        LMBatches(train_ids, self.block, self.batch_size, train_config.seed),
+                        CausalLM(train_config.label_smoothing),
+                        f"{len(train_ids):,} training and {len(val_ids):,} validation tokens "
+                        f"({self.tokenizer} tokenizer, vocabulary {tok.vocab_size})",
+                        val_batches=eval_windows(val_ids, self.block, self.batch_size))
+
+
+@dataclass
+class MLMRecipe(Recipe):
+    """Each non-empty line is a sentence and consecutive lines are consecutive text; the last
+    ``val_fraction`` of lines validate. ``tokenizer``: a ``vocab.txt`` / ``tokenizer.json`` /
+    model folder; by default a WordPiece vocabulary of ``vocab_size`` is learned."""
+
+    text: str | Path
+    max_len: int = 128
+    batch_size: int = 32
+    tokenizer: str | Path | None = None
+    vocab_size: int = 8000
+    nsp: bool = False
+    val_fraction: float = 0.05
+
+    def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
+        from attnlab.data.mlm import MLMBatches
+
+        lines = [ln.strip() for ln in read_text(self.text).splitlines() if ln.strip()]
+        if len(lines) < 20:
+            raise BadInput(f"{self.text}: {len(lines)} non-empty lines; masked-LM needs at "
+                           "least 20")
+        tok = (WordPieceTokenizer.from_file(self.tokenizer) if self.tokenizer
+               else WordPieceTokenizer.train([str(self.text)], vocab_size=self.vocab_size))
+        sentences = [tok.encode(line) for line in lines]
+        split = min(int(len(sentences) * (1 - self.val_fraction)), len(sentences) - 2)
+        config = dataclasses.replace(
+            model_config, vocab_size=tok.vocab_size, head="pretraining" if self.nsp else "mlm",
+            max_len=max(model_config.max_len, self.max_len), pad_id=tok.pad_id,
+            unk_id=tok.unk_id, bos_id=tok.cls_id, eos_id=tok.sep_id)
+        val = MLMBatches(sentences[split:], tok, self.max_len, self.batch_size, seed=10_007,
+                         nsp=self.nsp)
+        n_val = max(1, min(20, (len(lines) - split) // 4))
+        return Prepared(config, {"text": tok},
+                        MLMBatches(sentences[:split], tok, self.max_len, self.batch_size,
+                                   train_config.seed, self.nsp),
+                        MaskedLM(),
+                        f"{split:,} training and {len(lines) - split:,} validation lines "
+                        f"(WordPiece vocabulary {tok.vocab_size})",
+                        val_batches=[val.batch(i) for i in range(n_val)])
+
+
+@dataclass
+class ClassifyRecipe(Recipe):
+    """Labelled JSON lines with a fixed hash split (80/10/10), fine-tuning ``init``; early
+    stopping on validation loss keeps the best model, saved in ``out_dir/final``. Results:
+    accuracy and macro-F1 on the validation and test splits."""
+
+    data: str | Path
+    text_field: str
+    label_field: str
+    init: str
+    max_len: int = 128
+    batch_size: int = 32
+    id_field: str = "id"
+
+    def prepare(self, model_config: ModelConfig | None,
+                train_config: TrainConfig) -> Prepared:
+        from attnlab.data.classify import (
+            ClassifyBatches,
+            encode_examples,
+            fixed_batches,
+            read_labelled,
+            split_by_hash,
+        )
+        from attnlab.storage import load
+
+        examples = read_labelled(self.data, self.text_field, self.label_field, self.id_field)
+        train, val, test = split_by_hash(examples)
+        labels = sorted({e.label for e in examples})
+        if len({e.label for e in train}) < 2:
+            raise BadInput(f"{self.data}: the training split has fewer than 2 labels")
+        base = load(self.init).expect("encoder", "train classify")
+        tok = base.tokenizer
+        max_len = min(self.max_len, base.max_len)
+        config = dataclasses.replace(base.config, head="classify", num_labels=len(labels),
+                                     extra={**base.config.extra, "labels": labels})
+        rows = {name: encode_examples(part, tok, labels, max_len)
+                for name, part in (("train", train), ("val", val), ("test", test))}
+        val_batches = fixed_batches(rows["val"], self.batch_size, tok.pad_id)
+        return Prepared(config, {"text": tok},
+                        ClassifyBatches(rows["train"], self.batch_size, tok.pad_id,
+                                        train_config.seed),
+                        Classify(),
+                        f"{len(train)} train, {len(val)} validation, {len(test)} test "
+                        f"examples; labels {labels}; inputs cut to {max_len} tokens",
+                        val_batches=val_batches,
+                        state={"base": base.model,
+                               "test": fixed_batches(rows["test"], self.batch_size,
+                                                     tok.pad_id)})
+
+    def build(self, prepared: Prepared) -> nn.Module:
+        """The encoder (and pooler, when it has one) copied from ``init``; the classifier
+        starts at N(0, 0.02)."""
+        model = build_model(prepared.config)
+        state = {k: v for k, v in prepared.state.pop("base").state_dict().items()
+                 if not k.startswith(("mlm.", "nsp.", "classifier."))}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or any(not k.startswith(("pooler.", "classifier.")) for k in missing):
+            raise BadInput(f"{self.init}: encoder weights do not fit (missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]})")
+        return model
+
+    def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
+               rank: int) -> dict[str, float]:
+        from attnlab.training.tasks import classification_metrics
+
+        if (out_dir / "best").exists():
+            load_weights(model, out_dir / "best")
+        device, n = next(model.parameters()).device, model.config.num_labels
+        results = {f"val_{k}": v for k, v in classification_metrics(
+            model, prepared.val_batches, device, n).items()}
+        results.update({f"test_{k}": v for k, v in classification_metrics(
+            model, prepared.state["test"], device, n).items()})
+        if rank == 0:
+            save_model_dir(out_dir / "final", model, model.config,
+                           {k: t.to_dict() for k, t in prepared.tokenizers.items()})
+        return results
+
+
+# --- the same recipes as plain functions ---------------------------------------------------
+def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelConfig,
+                      train_config: TrainConfig, src_tokenizer: str = "word",
+                      tgt_tokenizer: str = "char", resume: bool = False, log=print,
+                      shared_tokenizer: Tokenizer | None = None):
+    """``(model, {"source", "target"} tokenizers, history)``."""
+    done = run(TranslationRecipe(corpus, src_tokenizer, tgt_tokenizer, shared_tokenizer),
+               out_dir, model_config, train_config, resume, log)
+    return done.model, done.tokenizers, done.history
 
 
 def train_lm(text_path: str | Path, out_dir: str | Path, model_config: ModelConfig,
              train_config: TrainConfig, block: int, batch_size: int, tokenizer: str = "char",
              bpe_dir: str | None = None, val_fraction: float = 0.1, resume: bool = False,
              log=print):
-    """Train a decoder-only LM on a text file: the first 90% trains, the last 10% validates.
+    """``(model, tokenizer, history)``; history rows carry ``val_loss`` every
+    ``train_config.eval_every`` steps and at the last step."""
+    done = run(LMRecipe(text_path, block, batch_size, tokenizer, bpe_dir, val_fraction),
+               out_dir, model_config, train_config, resume, log)
+    return done.model, done.tokenizers["text"], done.history
 
-    Returns ``(model, tokenizer, history)``; ``history`` rows carry ``val_loss`` every
-    ``train_config.eval_every`` steps and at the last step.
-    """
-    from attnlab.data.lm import LMBatches, eval_windows
-    from attnlab.models import GPT
-    from attnlab.tokenizers.bpe import BPETokenizer
 
-    rank, _ = distributed.init_from_env()
-    _refuse_to_overwrite(out_dir, resume)
-    path = Path(text_path)
-    if not path.exists():
-        raise FileNotFoundError(f"text file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    if not text.strip():
-        raise ValueError(f"{path}: the text file is empty")
-    if tokenizer == "char":
-        tok = CharTokenizer.train([text])
-    elif tokenizer == "gpt2":
-        if not bpe_dir:
-            raise ValueError("--tokenizer gpt2 needs --bpe-dir holding encoder.json and vocab.bpe")
-        tok = BPETokenizer.from_gpt2_files(Path(bpe_dir) / "encoder.json",
-                                           Path(bpe_dir) / "vocab.bpe")
-    else:
-        raise ValueError(f"unknown tokenizer {tokenizer!r} (char or gpt2)")
-    ids = torch.tensor(tok.encode(text), dtype=torch.long)
-    split = int(len(ids) * (1 - val_fraction))
-    train_ids, val_ids = ids[:split], ids[split:]
-    model_config.vocab_size = tok.vocab_size
-    model_config.max_len = max(model_config.max_len, block)
-    torch.manual_seed(train_config.seed)
-    model = GPT(model_config).to(hardware.pick_device(train_config.device))
-    if rank == 0:
-        log(f"data: {len(train_ids):,} training and {len(val_ids):,} validation tokens "
-            f"({tokenizer} tokenizer, vocabulary {tok.vocab_size})")
-    trainer = Trainer(model, LMBatches(train_ids, block, batch_size, train_config.seed),
-                      train_config, out_dir, {"text": tok.to_dict()}, model_config,
-                      val_batches=eval_windows(val_ids, block, batch_size))
-    if resume and trainer.resume() and rank == 0:
-        log(f"resumed from step {trainer.step}")
-    history = trainer.fit()
-    return model.eval(), tok, history
+def train_mlm(text_path: str | Path, out_dir: str | Path, model_config: ModelConfig,
+              train_config: TrainConfig, max_len: int = 128, batch_size: int = 32,
+              tokenizer: str | None = None, vocab_size: int = 8000, nsp: bool = False,
+              val_fraction: float = 0.05, resume: bool = False, log=print):
+    """``(model, tokenizer, history)``."""
+    done = run(MLMRecipe(text_path, max_len, batch_size, tokenizer, vocab_size, nsp,
+                         val_fraction), out_dir, model_config, train_config, resume, log)
+    return done.model, done.tokenizers["text"], done.history
+
+
+def train_classify(data: str | Path, text_field: str, label_field: str, init: str,
+                   out_dir: str | Path, train_config: TrainConfig, max_len: int = 128,
+                   batch_size: int = 32, id_field: str = "id", resume: bool = False,
+                   log=print) -> dict[str, float]:
+    """The validation and test splits' accuracy and macro-F1."""
+    recipe = ClassifyRecipe(data, text_field, label_field, init, max_len, batch_size, id_field)
+    return run(recipe, out_dir, None, train_config, resume, log).results
+
+
+__all__ = ["Recipe", "Prepared", "TrainedRun", "run", "TranslationRecipe", "LMRecipe",
+           "MLMRecipe", "ClassifyRecipe", "train_translation", "train_lm", "train_mlm",
+           "train_classify"]

@@ -15,14 +15,15 @@ import math
 from dataclasses import asdict, dataclass
 
 from attnlab.config import check_at_least
+from attnlab.errors import BadInput
 
 
 def _check(schedule, **minimums: float) -> None:
     """Learning rates must be positive: a zero or negative peak trains nothing, silently."""
     lr_name = "factor" if isinstance(schedule, NoamSchedule) else "peak_lr"
     if not getattr(schedule, lr_name) > 0:
-        raise ValueError(f"the learning rate {lr_name} must be > 0, got "
-                         f"{getattr(schedule, lr_name)!r}")
+        raise BadInput(f"the learning rate {lr_name} must be > 0, got "
+                       f"{getattr(schedule, lr_name)!r}")
     check_at_least(schedule, minimums)
 
 

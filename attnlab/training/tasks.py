@@ -3,20 +3,29 @@
 The training loop (:mod:`attnlab.training.trainer`) is the same for every family; a task says
 how a batch is fed to the model:
 
-* :class:`Seq2Seq` — ``(src, tgt)``: ``model(src, tgt[:, :-1])`` predicts ``tgt[:, 1:]``;
-* :class:`CausalLM` — ``(x, y)``: ``model(x)`` predicts ``y`` (``x`` shifted by one);
-* :class:`MaskedLM` — ``(ids, types, attention, labels, nsp)``: BERT predicts the selected
-  positions (``labels != -100``), plus next-sentence prediction when the model has that head;
-* :class:`Classify` — ``(ids, types, attention, labels)``: one label per sequence.
+* :class:`Seq2Seq` — a :class:`TranslationBatch`: ``model(src, tgt[:, :-1])`` predicts
+  ``tgt[:, 1:]``;
+* :class:`CausalLM` — an :class:`LMBatch`: ``model(inputs)`` predicts ``targets`` (the inputs
+  shifted by one);
+* :class:`MaskedLM` — a :class:`MaskedLMBatch`: BERT predicts the selected positions
+  (``labels != -100``), plus next-sentence prediction when the model has that head;
+* :class:`Classify` — a :class:`LabelledBatch`: one label per sequence.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from attnlab import hardware
+from attnlab.data.stream import (
+    LabelledBatch,
+    LMBatch,
+    MaskedLMBatch,
+    TranslationBatch,
+    to_device,
+)
 from attnlab.training.loss import LossSums, label_smoothed_loss
 
 
@@ -24,50 +33,48 @@ class Seq2Seq:
     def __init__(self, pad_id: int, label_smoothing: float):
         self.pad_id, self.epsilon = pad_id, label_smoothing
 
-    def target_tokens(self, batch: tuple[Tensor, Tensor]) -> int:
-        return int((batch[1][:, 1:] != self.pad_id).sum())
+    def target_tokens(self, batch: TranslationBatch) -> int:
+        return int((batch.tgt[:, 1:] != self.pad_id).sum())
 
-    def source_tokens(self, batch: tuple[Tensor, Tensor]) -> int:
-        return int((batch[0] != self.pad_id).sum())
+    def source_tokens(self, batch: TranslationBatch) -> int:
+        return int((batch.src != self.pad_id).sum())
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> LossSums:
-        src, tgt = batch
-        logits = model(src, tgt[:, :-1])
-        return label_smoothed_loss(logits, tgt[:, 1:], self.epsilon, self.pad_id)
+    def loss(self, model: nn.Module, batch: TranslationBatch) -> LossSums:
+        logits = model(batch.src, batch.tgt[:, :-1])
+        return label_smoothed_loss(logits, batch.tgt[:, 1:], self.epsilon, self.pad_id)
 
 
 class CausalLM:
     def __init__(self, label_smoothing: float = 0.0):
         self.epsilon = label_smoothing
 
-    def target_tokens(self, batch: tuple[Tensor, Tensor]) -> int:
-        return batch[1].numel()
+    def target_tokens(self, batch: LMBatch) -> int:
+        return batch.targets.numel()
 
-    def source_tokens(self, batch: tuple[Tensor, Tensor]) -> int:
+    def source_tokens(self, batch: LMBatch) -> int:
         return 0
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> LossSums:
-        x, y = batch
-        return label_smoothed_loss(model(x), y, self.epsilon, pad_id=None)
+    def loss(self, model: nn.Module, batch: LMBatch) -> LossSums:
+        return label_smoothed_loss(model(batch.inputs), batch.targets, self.epsilon, pad_id=None)
 
 
 class MaskedLM:
     """Loss = mean NLL over selected positions (+ mean NSP cross-entropy when present)."""
 
-    def target_tokens(self, batch: tuple[Tensor, ...]) -> int:
-        return int((batch[3] != -100).sum())
+    def target_tokens(self, batch: MaskedLMBatch) -> int:
+        return int((batch.labels != -100).sum())
 
-    def source_tokens(self, batch: tuple[Tensor, ...]) -> int:
-        return int(batch[2].sum())
+    def source_tokens(self, batch: MaskedLMBatch) -> int:
+        return int(batch.attention_mask.sum())
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, ...]) -> LossSums:
-        ids, types, attention, labels, nsp = batch
-        selected = labels != -100
-        out = model(ids, types, attention, masked_positions=selected)
+    def loss(self, model: nn.Module, batch: MaskedLMBatch) -> LossSums:
+        selected = batch.labels != -100
+        out = model(batch.ids, batch.token_type_ids, batch.attention_mask,
+                    masked_positions=selected)
         logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
-        sums = label_smoothed_loss(logits, labels[selected], 0.0, pad_id=None)
+        sums = label_smoothed_loss(logits, batch.labels[selected], 0.0, pad_id=None)
         if nsp_logits is not None:  # scaled so that, per selected token, it adds its mean
-            sums.loss = sums.loss + F.cross_entropy(nsp_logits.float(), nsp) * sums.tokens
+            sums.loss = sums.loss + F.cross_entropy(nsp_logits.float(), batch.nsp) * sums.tokens
         return sums
 
 
@@ -77,15 +84,15 @@ class Classify:
     def __init__(self, label_smoothing: float = 0.0):
         self.epsilon = label_smoothing
 
-    def target_tokens(self, batch: tuple[Tensor, ...]) -> int:
-        return batch[3].numel()
+    def target_tokens(self, batch: LabelledBatch) -> int:
+        return batch.labels.numel()
 
-    def source_tokens(self, batch: tuple[Tensor, ...]) -> int:
-        return int(batch[2].sum())
+    def source_tokens(self, batch: LabelledBatch) -> int:
+        return int(batch.attention_mask.sum())
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, ...]) -> LossSums:
-        ids, types, attention, labels = batch
-        return label_smoothed_loss(model(ids, types, attention), labels, self.epsilon, None)
+    def loss(self, model: nn.Module, batch: LabelledBatch) -> LossSums:
+        logits = model(batch.ids, batch.token_type_ids, batch.attention_mask)
+        return label_smoothed_loss(logits, batch.labels, self.epsilon, None)
 
 
 @torch.no_grad()
@@ -95,9 +102,10 @@ def classification_metrics(model: nn.Module, batches, device: torch.device,
     was_training = model.training
     model.eval()
     confusion = torch.zeros(num_labels, num_labels, dtype=torch.long)  # [true, predicted]
-    for ids, types, attention, labels in batches:
-        pred = model(ids.to(device), types.to(device), attention.to(device)).argmax(-1).cpu()
-        confusion += torch.bincount(labels * num_labels + pred,
+    for b in batches:
+        b = to_device(b, device)
+        pred = model(b.ids, b.token_type_ids, b.attention_mask).argmax(-1).cpu()
+        confusion += torch.bincount(b.labels.cpu() * num_labels + pred,
                                     minlength=num_labels**2).view(num_labels, num_labels)
     model.train(was_training)
     tp = confusion.diag().double()
@@ -116,7 +124,7 @@ def evaluate(model: nn.Module, task, batches, device: torch.device,
     model.eval()
     nll = tokens = 0.0
     for batch in batches:
-        batch = tuple(t.to(device) for t in batch)
+        batch = to_device(batch, device)
         with hardware.autocast(device, precision):
             sums = task.loss(model, batch)
         nll += sums.nll.item()

@@ -30,19 +30,16 @@ from torch import nn
 
 from attnlab import hardware
 from attnlab.config import check_at_least
+from attnlab.data.stream import to_device
+from attnlab.errors import AttnlabError, BadInput
+from attnlab.storage import list_checkpoints, load_weights, save_model_dir
 from attnlab.training import distributed
-from attnlab.training.checkpoint import (
-    list_checkpoints,
-    load_trainer_state,
-    load_weights,
-    save_checkpoint,
-    save_model_dir,
-)
+from attnlab.training.checkpoint import load_trainer_state, save_checkpoint
 from attnlab.training.schedule import NoamSchedule, schedule_from_dict, schedule_to_dict
-from attnlab.training.tasks import CausalLM, Seq2Seq, evaluate
+from attnlab.training.tasks import evaluate
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(AttnlabError, RuntimeError):
     """The loss became NaN or inf; the message names the step and the checkpoint kept."""
 
 
@@ -77,9 +74,9 @@ class TrainConfig:
                                   log_every=1, eval_every=0, patience=0, weight_decay=0.0,
                                   label_smoothing=0.0, clip_norm=0.0, eps=0.0))
         if self.time_budget is not None and not self.time_budget > 0:
-            raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
+            raise BadInput(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
         if not self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be < 1, got {self.label_smoothing!r}")
+            raise BadInput(f"label_smoothing must be < 1, got {self.label_smoothing!r}")
         hardware.precision_name(self.precision)  # an unknown name is a named error here
 
 
@@ -108,7 +105,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.opti
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, betas=cfg.betas, eps=cfg.eps, fused=fused)
     if cfg.optimizer != "adamw":
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r} (adam or adamw)")
+        raise BadInput(f"unknown optimizer {cfg.optimizer!r} (adam or adamw)")
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, fused=fused)
@@ -116,10 +113,10 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.opti
 
 class Trainer:
     """Trains ``model`` on ``batches`` (e.g. :class:`TranslationBatches`, :class:`LMBatches`);
-    ``task`` says how a batch becomes a loss (default from ``model_config.arch``)."""
+    ``task`` (:mod:`attnlab.training.tasks`) says how a batch becomes a loss."""
 
     def __init__(self, model: nn.Module, batches, config: TrainConfig, out_dir: str | Path,
-                 tokenizers: dict[str, dict], model_config, task=None, val_batches=None):
+                 tokenizers: dict[str, dict], model_config, task, val_batches=None):
         self.cfg = config
         self.out_dir = Path(out_dir)
         self.rank, self.world = distributed.rank_and_world()
@@ -130,9 +127,6 @@ class Trainer:
         self.batches = batches.shard(self.rank, self.world)
         self.schedule = schedule_from_dict(config.schedule)
         self.optimizer = build_optimizer(model, config, self.schedule(1))
-        if task is None:
-            task = (CausalLM(config.label_smoothing) if model_config.arch == "decoder"
-                    else Seq2Seq(model_config.pad_id, config.label_smoothing))
         self.task, self.val_batches = task, val_batches
         self.device = next(model.parameters()).device
         self.precision = hardware.pick_precision(config.precision, self.device)
@@ -192,8 +186,7 @@ class Trainer:
 
     # --- one step ------------------------------------------------------------------------
     def train_step(self, data_iter) -> dict[str, float]:
-        micro = [tuple(t.to(self.device, non_blocking=True) for t in next(data_iter))
-                 for _ in range(self.cfg.accumulate)]
+        micro = [to_device(next(data_iter), self.device) for _ in range(self.cfg.accumulate)]
         local_tokens = sum(self.task.target_tokens(b) for b in micro)
         global_tokens = distributed.all_reduce_sum(local_tokens)
         # DDP averages gradients over ranks, hence × world: the result is Σ loss / N_global.
@@ -305,26 +298,4 @@ class Trainer:
         return history
 
 
-def plot_loss_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
-    """Training loss (and NLL) against step, from metrics.jsonl, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines()]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="label-smoothed loss")
-    ax.plot([r["step"] for r in rows], [r["nll"] for r in rows], label="NLL", alpha=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss per target token")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
-    return Path(png_path)
-
-
-__all__ = ["Trainer", "TrainConfig", "TrainingDiverged", "plot_loss_curve"]
+__all__ = ["Trainer", "TrainConfig", "TrainingDiverged"]

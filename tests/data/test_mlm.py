@@ -41,7 +41,7 @@ def numbered_tokenizer(tmp_path):
 def test_nsp_pairs_framing_and_labels(tmp_path):
     tok = numbered_tokenizer(tmp_path)
     # sentence k is the three words w(3k), w(3k+1), w(3k+2): "next" is checkable from ids
-    sentences = [tok.encode(f"w{3 * k} w{3 * k + 1} w{3 * k + 2}", add_special=False)
+    sentences = [tok.encode(f"w{3 * k} w{3 * k + 1} w{3 * k + 2}")
                  for k in range(60)]
     # max_len 17: A may hold two sentences (budget 7), so "B follows A" must start after A's
     # last sentence, not after its first

@@ -109,7 +109,7 @@ def test_bad_decoding_settings_are_named(kwargs, name):
 
 @pytest.mark.parametrize("preset", ["gpt-mini", "llama-mini"])
 def test_decoding_layout_changes_memory_not_values(preset, tmp_path):
-    from attnlab.training.checkpoint import load_model_dir, save_model_dir
+    from attnlab.storage import load_model_dir, save_model_dir
     from attnlab.training.trainer import TrainConfig, build_optimizer
 
     m = model(preset)

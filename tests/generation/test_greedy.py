@@ -8,6 +8,7 @@ from attnlab.data import TranslationBatches
 from attnlab.generation import greedy_decode
 from attnlab.training import TrainConfig, Trainer
 from attnlab.training.schedule import NoamSchedule, schedule_to_dict
+from attnlab.training.tasks import Seq2Seq
 from tests.criteria import train_until
 
 
@@ -36,7 +37,7 @@ def test_copy_task_learns_exact_copies(tmp_path):
     train_cfg = TrainConfig(steps=1, max_tokens=1600, progress=False, save_every=10_000,
                             schedule=schedule_to_dict(NoamSchedule(64, warmup=200, factor=1.0)))
     trainer = Trainer(model, TranslationBatches(src, tgt, 1600, seed=0), train_cfg, tmp_path,
-                      {}, cfg)
+                      {}, cfg, Seq2Seq(cfg.pad_id, train_cfg.label_smoothing))
     test = torch.randint(4, 11, (50, 8), generator=torch.Generator().manual_seed(1))
     test_src = torch.cat([test, torch.full((50, 1), 3)], 1)
 
@@ -66,6 +67,7 @@ def test_compiled_training_matches_eager(tmp_path):
         train_cfg = TrainConfig(steps=3, max_tokens=256, progress=False, save_every=10_000,
                                 compile=compile_)
         hist = Trainer(model, TranslationBatches(src, tgt, 256, seed=0), train_cfg,
-                       tmp_path / str(compile_), {}, cfg).fit()
+                       tmp_path / str(compile_), {}, cfg,
+                       Seq2Seq(cfg.pad_id, train_cfg.label_smoothing)).fit()
         runs.append([h["loss"] for h in hist])
     assert runs[0] == pytest.approx(runs[1], rel=1e-4)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from attnlab import ModelConfig, build_model, count_parameters, from_pretrained
+from attnlab import ModelConfig, build_model, count_parameters, from_pretrained, save_pretrained
 
 BERT = dict(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=100, max_position_embeddings=64, num_labels=3)
@@ -92,7 +92,7 @@ def test_hidden_states_of_every_layer_match(bare):
 
 def test_save_pretrained_round_trips_through_transformers(pair, tmp_path):
     cls_name, theirs, ours = pair
-    ours.save_pretrained(tmp_path)
+    save_pretrained(ours, tmp_path)
     back = getattr(transformers, cls_name).from_pretrained(tmp_path).eval()
     ids, types, mask = inputs()
     with torch.no_grad():

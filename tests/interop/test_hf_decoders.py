@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from attnlab import from_pretrained
+from attnlab import from_pretrained, save_pretrained
 from attnlab.generation import generate
 
 GPT2 = dict(vocab_size=300, n_embd=64, n_head=4, n_layer=3, n_positions=128,
@@ -73,7 +73,7 @@ def test_left_padded_batch_with_repetition_penalty_matches_transformers(pair):
 
 def test_save_pretrained_round_trips_through_transformers(pair, tmp_path):
     kind, theirs, ours, _ = pair
-    ours.save_pretrained(tmp_path)
+    save_pretrained(ours, tmp_path)
     cls = transformers.GPT2LMHeadModel if kind == "gpt2" else transformers.LlamaForCausalLM
     back = cls.from_pretrained(tmp_path).eval()
     ids = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(3))

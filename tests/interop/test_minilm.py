@@ -58,7 +58,8 @@ def test_bank_is_contextual_in_the_output_and_static_in_the_input(minilm):
 def test_embed_cli_prints_the_cosine_matrix(minilm, capsys):
     from attnlab.cli import main
 
-    assert main(["embed", "--model", "minilm", *SENTENCES[:3]]) == 0
+    # fp32 like the reference (auto would run bf16 autocast on a CPU with native bf16)
+    assert main(["embed", "--model", "minilm", "--precision", "fp32", *SENTENCES[:3]]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("[0] ")
             and "dims" not in line]

@@ -81,7 +81,8 @@ def test_attention_weights_on_request(tiny):
 
 
 def test_too_long_sequence_is_a_clear_error(tiny):
-    with pytest.raises(ValueError, match="exceeds the model's maximum length max_len=256"):
+    too_long = "source sequence of 300 tokens exceeds the model's context max_len=256"
+    with pytest.raises(ValueError, match=too_long):
         tiny(torch.ones(1, 300, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
 
 

@@ -8,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab import BERT, ModelConfig
+from attnlab import BERT, ModelConfig, save_pretrained
 from attnlab.cli import main
+from attnlab.data import LabelledBatch
 from attnlab.data.classify import read_labelled, split_by_hash
 from attnlab.data.mlm import MLMBatches
 from attnlab.encoding import classify_texts, load_encoder
 from attnlab.tokenizers import WordPieceTokenizer
-from attnlab.training.bert_recipes import train_classify, train_mlm
+from attnlab.training.recipes import train_classify, train_mlm
 from attnlab.training.schedule import LinearSchedule, schedule_to_dict
 from attnlab.training.tasks import MaskedLM, classification_metrics
 from attnlab.training.trainer import TrainConfig
@@ -50,7 +51,7 @@ def tiny_encoder(tmp_path_factory, reviews):
     tok = WordPieceTokenizer.train([folder / "corpus.txt"], vocab_size=100)
     torch.manual_seed(0)
     model = BERT(ModelConfig.from_preset("bert-tiny", vocab_size=tok.vocab_size, max_len=64))
-    model.save_pretrained(folder)
+    save_pretrained(model, folder)
     tok.backend.save(str(folder / "tokenizer.json"))
     return folder
 
@@ -141,8 +142,8 @@ def test_metrics_equal_sklearn():
 
     g = torch.Generator().manual_seed(0)
     logits, labels = torch.randn(50, 3, generator=g), torch.randint(0, 3, (50,), generator=g)
-    batches = [(torch.arange(i, i + 10)[:, None], torch.zeros(10, 1), torch.ones(10, 1),
-                labels[i : i + 10]) for i in range(0, 50, 10)]
+    batches = [LabelledBatch(torch.arange(i, i + 10)[:, None], torch.zeros(10, 1),
+                             torch.ones(10, 1), labels[i : i + 10]) for i in range(0, 50, 10)]
     got = classification_metrics(Fixed(logits), batches, torch.device("cpu"), 3)
     pred = logits.argmax(-1).numpy()
     assert got["accuracy"] == pytest.approx(metrics.accuracy_score(labels.numpy(), pred))

@@ -4,9 +4,9 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from attnlab.cli import main
 from attnlab.data import numbers_corpus
+from attnlab.generation import translate
+from attnlab.storage import load_model_dir
 from attnlab.tokenizers import BPETokenizer
-from attnlab.training.checkpoint import load_model_dir
-from attnlab.training.recipes import translate
 from tests.criteria import train_until
 
 

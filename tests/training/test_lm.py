@@ -52,7 +52,7 @@ def test_generate_streams_and_stops(run):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("forty-") and r.stdout.count("\n") == 1
     long = cli("generate", "--model", str(run), "--prompt", "a" * 300)
-    assert long.returncode == 2 and "exceeds the model's context of 256" in long.stderr
+    assert long.returncode == 2 and "exceeds the model's context max_len=256" in long.stderr
     assert "Traceback" not in long.stderr
     cut = cli("generate", "--model", str(run), "--prompt", "a" * 300, "--truncate",
               "--max-new-tokens", "5")

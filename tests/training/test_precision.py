@@ -11,6 +11,7 @@ from attnlab.data import TranslationBatches
 from attnlab.training import TrainConfig, Trainer
 from attnlab.training.checkpoint import list_checkpoints, load_trainer_state
 from attnlab.training.schedule import CosineSchedule, schedule_to_dict
+from attnlab.training.tasks import Seq2Seq
 
 
 def train(precision, out, steps=6):
@@ -25,7 +26,7 @@ def train(precision, out, steps=6):
     trainer = Trainer(model, TranslationBatches(src, tgt, 256, seed=0),
                       TrainConfig(steps=steps, max_tokens=256, progress=False, save_every=3,
                                   precision=precision, schedule=schedule, clip_norm=0.5),
-                      out, {}, cfg)
+                      out, {}, cfg, Seq2Seq(cfg.pad_id, 0.1))
     history = trainer.fit()
     return [h["loss"] for h in history], [h["grad_norm"] for h in history], trainer
 

@@ -1,10 +1,17 @@
 """``attnlab explain`` (one sentence through the pipeline, checked as it goes) and
-``attnlab plot`` (PNG pictures). Registered by :func:`attnlab.cli.build_parser`."""
+``attnlab plot`` (PNG pictures)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from attnlab.cli.common import UsageError
+from attnlab.errors import AttnlabError
+
+
+class CheckFailed(AttnlabError):
+    """A stage recomputed by hand disagreed with the model's own forward pass."""
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
@@ -14,8 +21,6 @@ def cmd_explain(args: argparse.Namespace) -> None:
         print(format_backward(dims=args.dims))
         return
     if not args.sentence:
-        from attnlab.cli import UsageError
-
         raise UsageError("give a sentence to explain (or --backward)")
     from attnlab.explain.subject import load_subject_model, make_subject
     from attnlab.explain.walkthrough import compare_word, walk
@@ -34,7 +39,7 @@ def cmd_explain(args: argparse.Namespace) -> None:
 
         print(f"\nHTML page: {write_html(w, args.html, compared, args.dims)}")
     if not all(c.ok for c in w.checks):
-        raise RuntimeError("a check failed (see above)")
+        raise CheckFailed("a check failed (see above)")
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
@@ -51,17 +56,16 @@ def cmd_plot(args: argparse.Namespace) -> None:
         weights = torch.stack(subject.run_model().weights)  # (layers, heads, seq, seq)
         viz.plot_attention_grid(weights, subject.tokens, out, title=f"self-attention: {label}")
     elif args.what == "cross":
-        from attnlab.demo import cross_attention_heatmap
-        from attnlab.training.checkpoint import load_model_dir
+        from attnlab.generation.translation import cross_attention
+        from attnlab.storage import load
 
         if not args.model:
-            from attnlab.cli import UsageError
-
             raise UsageError("plot cross needs --model (a translation run or checkpoint)")
-        model, config, toks = load_model_dir(args.model)
-        if config.arch != "encoder-decoder":
-            raise ValueError(f"{args.model}: arch={config.arch!r} has no cross-attention")
-        cross_attention_heatmap(model, toks, args.sentence, out)
+        loaded = load(args.model).expect("encoder-decoder", "plot cross")
+        weights, src, out_pieces = cross_attention(loaded.model, loaded.tokenizers["source"],
+                                                   loaded.tokenizers["target"], args.sentence)
+        viz.plot_cross_attention(weights, src, out_pieces, out,
+                                 title="cross-attention, last layer (mean of heads)")
     elif args.what == "positional":
         viz.plot_positional_encoding(args.max_len, args.d_model, out)
     else:  # schedule

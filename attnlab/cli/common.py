@@ -1,0 +1,142 @@
+"""What every command family shares: the options for a model, a preset, the device and the
+precision, reading texts, and the one report printed after training.
+
+What ``auto`` means for ``--device`` and ``--precision`` is decided in :mod:`attnlab.hardware`;
+this module only turns the flags (and the deprecated ``--bf16`` / ``--fp32`` aliases) into a
+device and a precision, and says what was chosen. Precision means autocast over fp32 weights
+for training and for the encoder and translation commands, and weights cast to that dtype for
+``generate`` (decoding reads every weight once a token, so half the bytes is what makes it
+faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnlab.errors import BadInput
+
+if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
+    import torch
+
+    from attnlab.config import ModelConfig
+
+
+class UsageError(BadInput):
+    """A problem with the command line itself: reported in one line, exit code 2."""
+
+
+# --- options ---------------------------------------------------------------------------------
+def add_model_arg(p: argparse.ArgumentParser, what: str, required: bool = True,
+                  default: str | None = None) -> None:
+    """``--model``: anything :func:`attnlab.load` resolves; ``what`` says which kinds fit."""
+    p.add_argument("--model", required=required, default=default, help=what)
+
+
+def add_preset_args(p: argparse.ArgumentParser, default: str, examples: str) -> None:
+    """``--preset NAME`` and repeatable ``--set KEY=VALUE`` overrides of its fields."""
+    p.add_argument("--preset", default=default, help=f"model preset: {examples} "
+                                                     f"(default: {default})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model config field, e.g. --set positional=rope")
+
+
+def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> None:
+    """``--device`` and ``--precision`` (attnlab.hardware decides what ``auto`` means);
+    ``legacy`` keeps ``--bf16`` or ``--fp32`` as a deprecated alias for one release."""
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps (default: auto)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="auto: bf16 where the hardware runs it natively and faster than fp32, "
+                        "fp16 with loss scaling on a CUDA GPU without bf16, else fp32 (default: "
+                        "$ATTNLAB_PRECISION, else auto; 'attnlab info --hardware' shows it). "
+                        "Autocast over fp32 weights, except generate, which casts the weights")
+    if legacy:
+        p.add_argument(legacy, dest="legacy_precision", action="store_const",
+                       const=legacy.removeprefix("--"),
+                       help=f"deprecated alias of --precision {legacy.removeprefix('--')}")
+
+
+# --- turning options into objects ------------------------------------------------------------
+def overrides(args: argparse.Namespace) -> dict[str, object]:
+    """``--set KEY=VALUE`` pairs; a value is JSON when it parses, else a bare string."""
+    out = {}
+    for text in args.set:
+        if "=" not in text:
+            raise UsageError(f"--set {text!r}: expected KEY=VALUE")
+        key, value = text.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value  # a bare string such as positional=rope
+    return out
+
+
+def preset_config(args: argparse.Namespace, arch: str | None = None,
+                  suggestion: str = "") -> ModelConfig:
+    """``--preset`` with its ``--set`` overrides; with ``arch``, it must be of that
+    architecture (``suggestion`` names presets that are)."""
+    from attnlab.config import ModelConfig
+    from attnlab.storage import KINDS
+
+    config = ModelConfig.from_preset(args.preset, **overrides(args))
+    if arch is not None and config.arch != arch:
+        raise UsageError(f"--preset {args.preset} is not {KINDS[arch]} model "
+                         f"(arch={config.arch!r}); try {suggestion}")
+    return config
+
+
+def runtime(args: argparse.Namespace, say=None) -> tuple[torch.device, str]:
+    """``(device, precision)`` from ``--device``/``--precision`` (and the deprecated alias);
+    ``say`` (e.g. print) gets a line naming the choice and, for auto, why."""
+    from attnlab import hardware
+
+    asked = args.precision
+    legacy = getattr(args, "legacy_precision", None)
+    if legacy:
+        warnings.warn(f"--{legacy} is deprecated and goes in the next release; use "
+                      f"--precision {legacy}", FutureWarning, stacklevel=2)
+        if asked not in (None, legacy):
+            raise UsageError(f"--{legacy} contradicts --precision {asked}")
+        asked = legacy
+    device = hardware.pick_device(args.device)
+    precision = hardware.pick_precision(asked, device)
+    if say is not None:
+        auto = hardware.precision_name(asked) == "auto"
+        why = f" (auto: {hardware.auto_precision(device)[1]})" if auto else ""
+        say(f"device {device}, precision {precision}{why}")
+    return device, precision
+
+
+def texts(args: argparse.Namespace, skip_blank: bool = False) -> list[str]:
+    """The positional texts, else standard input one line each; none at all is an error."""
+    found = list(args.text) or [line.rstrip("\n") for line in sys.stdin
+                                if line.strip() or not skip_blank]
+    if not found:
+        raise UsageError("no input text (give it as arguments or on stdin)")
+    return found
+
+
+# --- the report after training ---------------------------------------------------------------
+def report_run(out: str | Path, history: list[dict], what: str = "validation loss",
+               lines: list[str] | tuple[str, ...] = (), where: str | None = None) -> None:
+    """On rank 0: the loss curve PNG, ``lines``, the last validation loss, and where the
+    checkpoints (or ``where``) are; then the process group, if any, is shut down."""
+    from attnlab.training import distributed
+
+    if distributed.rank_and_world()[0] == 0:
+        from attnlab.viz import plot_loss_curve
+
+        out = Path(out)
+        plot_loss_curve(out / "metrics.jsonl", out / "loss_curve.png")
+        for line in lines:
+            print(line)
+        val = [r["val_loss"] for r in history if "val_loss" in r]
+        if val:
+            print(f"{what} {val[-1]:.4f} after {history[-1]['step']} steps")
+        print(where or f"checkpoints in {out / 'checkpoints'}")
+    distributed.shutdown()

@@ -1,0 +1,77 @@
+"""Encoder (BERT) inference: ``attnlab classify`` and ``attnlab embed``. (Training them is
+``attnlab train mlm|classify``, in :mod:`attnlab.cli.train`.)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from attnlab.cli.common import add_model_arg, add_runtime_args, runtime, texts
+
+
+def _encoder(args: argparse.Namespace):
+    """The ``--model`` encoder on ``--device``, and the precision to run it in."""
+    from attnlab.encoding import load_encoder
+
+    device, precision = runtime(args)
+    enc = load_encoder(args.model)
+    enc.model.to(device)
+    return enc, device, precision
+
+
+def cmd_classify(args: argparse.Namespace) -> None:
+    from attnlab import hardware
+    from attnlab.encoding import classify_texts
+
+    enc, device, precision = _encoder(args)
+    labels = enc.labels or [str(i) for i in range(enc.model.config.num_labels)]
+    inputs = texts(args, skip_blank=True)
+    with hardware.autocast(device, precision):
+        probs = classify_texts(enc, inputs)
+    for text, p in zip(inputs, probs, strict=True):
+        best = int(p.argmax())
+        print(f"{labels[best]}\t{float(p[best]):.4f}\t{text[:80]}")
+
+
+def cmd_embed(args: argparse.Namespace) -> None:
+    from attnlab import hardware
+    from attnlab.encoding import embed_sentences
+
+    enc, device, precision = _encoder(args)
+    inputs = texts(args, skip_blank=True)
+    with hardware.autocast(device, precision):
+        vectors = embed_sentences(enc, inputs, normalize=not args.no_normalize).float()
+    if args.json:
+        for text, v in zip(inputs, vectors, strict=True):
+            print(json.dumps({"text": text, "embedding": [round(x, 6) for x in v.tolist()]}))
+        return
+    for i, (text, v) in enumerate(zip(inputs, vectors, strict=True)):
+        head = ", ".join(f"{x:+.4f}" for x in v[:6].tolist())
+        print(f"[{i}] {text}\n    ({v.shape[0]} dims) [{head}, ...]")
+    if len(inputs) > 1:
+        unit = vectors / vectors.norm(dim=-1, keepdim=True)
+        cos = unit @ unit.T
+        print("cosine similarity:")
+        print("      " + "".join(f"{f'[{j}]':>8}" for j in range(len(inputs))))
+        for i in range(len(inputs)):
+            print(f"  [{i}] " + "".join(f"{float(cos[i, j]):8.4f}" for j in range(len(inputs))))
+
+
+def add_commands(sub) -> None:
+    c = sub.add_parser("classify", help="label texts with a fine-tuned classifier",
+                       description="Print the predicted label, its probability and the text.")
+    add_model_arg(c, "run folder from 'attnlab train classify'")
+    c.add_argument("text", nargs="*", help="texts (default: stdin, one per line)")
+    add_runtime_args(c)
+    c.set_defaults(func=cmd_classify)
+
+    e = sub.add_parser("embed", help="sentence embeddings and their cosine similarities",
+                       description="Mean-pool the encoder's output over real tokens, then "
+                                   "L2-normalise (how all-MiniLM-L6-v2 is meant to be used).")
+    add_model_arg(e, "minilm, a HF BERT folder or an attnlab run", required=False,
+                  default="minilm")
+    e.add_argument("--json", action="store_true", help="print full vectors as JSON lines")
+    e.add_argument("--no-normalize", action="store_true", help="skip the L2 normalisation")
+    e.add_argument("text", nargs="*", help="sentences (default: stdin, one per line)")
+    add_runtime_args(e)
+    e.set_defaults(func=cmd_embed)

@@ -1,0 +1,90 @@
+"""``attnlab generate``: text from a decoder-only model, streamed token by token."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnlab.cli.common import UsageError, add_model_arg, add_runtime_args, runtime
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    import torch
+
+    from attnlab.generation.decoder_only import check_decoding, for_decoding, generate
+    from attnlab.storage import load
+
+    if args.int4:  # PyTorch's 4-bit kernel is a CPU one; activations are bf16
+        if args.precision not in (None, "auto", "bf16"):
+            raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
+        args.device = "cpu" if args.device == "auto" else args.device
+    device, precision = runtime(args)
+    loaded = load(args.model, int4=args.int4).expect("decoder", "generate")
+    tok = loaded.tokenizer
+    model = for_decoding(loaded.model, device, precision, args.int4)
+    ids = tok.encode(args.prompt)
+    if not ids:  # nothing to condition on: start from the beginning-of-sequence token
+        if tok.bos_id is None:
+            raise UsageError("--prompt is empty and the tokenizer has no beginning-of-sequence "
+                             "token to start from")
+        ids = [tok.bos_id]
+    context = model.config.max_len
+    if args.max_new_tokens >= context:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt "
+                         f"in the model's context max_len={context}")
+    if args.truncate:
+        ids = ids[-(context - args.max_new_tokens):]
+    try:  # before anything is printed; name the flag, not the keyword argument
+        model.config.check_length(len(ids) + args.max_new_tokens,
+                                  f"prompt of {len(ids)} tokens + {args.max_new_tokens} new")
+        check_decoding(torch.tensor([ids]), args.max_new_tokens, args.temperature, args.top_k,
+                       args.top_p, args.repetition_penalty)
+    except ValueError as e:
+        message = str(e)
+        if "exceeds" in message:
+            raise UsageError(f"{message} (pass --truncate to keep the prompt's end)") from None
+        name, rest = message.split(" ", 1)
+        raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
+    stops = [s.encode().decode("unicode_escape") for s in args.stop]
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    printed = ""
+
+    def stream(new_ids) -> bool:  # print what the new token adds; True stops generation
+        nonlocal printed
+        text = tok.decode(new_ids[0].tolist())
+        hit = min((text.find(s) for s in stops if s in text), default=-1)
+        if hit >= 0:
+            text = text[:hit]
+        sys.stdout.write(text[len(printed):])
+        sys.stdout.flush()
+        printed = text
+        return hit >= 0
+
+    sys.stdout.write(args.prompt)
+    eos = None if args.ignore_eos else tok.eos_id
+    generate(model, torch.tensor([ids], device=device), args.max_new_tokens,
+             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+             repetition_penalty=args.repetition_penalty, eos_id=eos, generator=generator,
+             on_token=stream)
+    sys.stdout.write("\n")
+
+
+def add_commands(sub) -> None:
+    gen = sub.add_parser("generate", help="generate text, streamed token by token",
+                         description="Generate from a trained run, a Hugging Face folder or a "
+                                     "GGUF file.")
+    add_model_arg(gen, "run/checkpoint folder, HF folder, .gguf")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=100)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--truncate", action="store_true", help="cut a too-long prompt's start")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--int4", action="store_true",
+                     help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
+    add_runtime_args(gen)
+    gen.set_defaults(func=cmd_generate)

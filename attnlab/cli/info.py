@@ -1,0 +1,60 @@
+"""``attnlab info``: a preset's architecture and parameter table, or the detected hardware."""
+
+from __future__ import annotations
+
+import argparse
+
+from attnlab.cli.common import add_preset_args, preset_config
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    import torch
+
+    from attnlab import build_model, hardware, parameter_breakdown
+
+    if args.hardware:
+        print("\n".join(hardware.describe(args.device)))
+        return
+    config = preset_config(args)
+    with torch.device("meta"):  # shapes only: no memory, no initialisation time
+        model = build_model(config)
+    layers = {"encoder-decoder": f"{config.n_encoder_layers} encoder + "
+                                 f"{config.n_decoder_layers} decoder",
+              "decoder": f"{config.n_decoder_layers} (causal)",
+              "encoder": f"{config.n_encoder_layers} (bidirectional)"}[config.arch]
+    placement = {"post": "post-LN  x ← Norm(x + Sublayer(x))",
+                 "pre": "pre-LN  x ← x + Sublayer(Norm(x))"}[config.norm_placement]
+    rows = [
+        ("architecture", config.arch),
+        ("layers", layers),
+        ("d_model", config.d_model),
+        ("heads", f"{config.n_heads} (kv heads {config.kv_heads})"),
+        ("d_k = d_v", config.d_k),
+        ("d_ff", config.d_ff),
+        ("dropout", f"{config.dropout} (attention {config.attention_dropout})"),
+        ("positional encoding", config.positional),
+        ("norm", f"{config.norm}, {placement}"),
+        ("activation", config.activation),
+        ("vocabulary", f"{config.vocab_size}" + (" shared" if config.tgt_vocab_size is None
+                                                  else f" / {config.tgt_vocab_size}")),
+        ("tied embeddings", config.tie_embeddings),
+        ("max length", config.max_len),
+    ]
+    if config.arch == "encoder":
+        rows += [("segment types", config.type_vocab_size), ("head", config.head)]
+    print(f"preset {args.preset}")
+    for key, value in rows:
+        print(f"  {key:<20} {value}")
+    print("\nparameters")
+    for name, count in parameter_breakdown(model).items():
+        print(f"  {name:<20} {count:>13,}  ({count / 1e6:.2f}M)")
+
+
+def add_commands(sub) -> None:
+    info = sub.add_parser("info", help="print a preset's architecture and parameter counts",
+                          description="Print a preset's architecture and parameter table.")
+    add_preset_args(info, "base", "base, big, small, tiny, gpt2, gpt-mini, llama, bert-base, ...")
+    info.add_argument("--hardware", action="store_true",
+                      help="print the detected hardware and what --precision auto chooses")
+    info.add_argument("--device", default="auto", help="with --hardware: the device to decide for")
+    info.set_defaults(func=cmd_info)

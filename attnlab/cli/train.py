@@ -1,0 +1,237 @@
+"""``attnlab train translate|lm|mlm|classify`` and ``attnlab average``: each builds a
+:class:`~attnlab.training.TrainConfig` from its flags and runs one recipe of
+:mod:`attnlab.training.recipes`; the report after training is :func:`common.report_run`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnlab.cli.common import add_preset_args, add_runtime_args, preset_config, report_run, runtime
+
+
+def _train_config(args: argparse.Namespace, schedule, **fields):
+    """The fields every trainer shares, from the flags; ``fields`` add the family's own."""
+    from attnlab.training.schedule import schedule_to_dict
+    from attnlab.training.trainer import TrainConfig
+
+    device, precision = runtime(args, say=print)
+    return TrainConfig(
+        steps=args.steps, precision=precision, device=str(device), seed=args.seed,
+        save_every=args.save_every, time_budget=args.time_budget,
+        schedule=schedule_to_dict(schedule), progress=not args.no_progress, **fields)
+
+
+def cmd_train_translate(args: argparse.Namespace) -> None:
+    from attnlab.data import load_corpus
+    from attnlab.training.recipes import TranslationRecipe, run
+    from attnlab.training.schedule import NoamSchedule
+
+    model_config = preset_config(args, "encoder-decoder", "tiny, small, base or big")
+    train_config = _train_config(
+        args, NoamSchedule(model_config.d_model, args.warmup, args.lr_factor),
+        max_tokens=args.max_tokens, accumulate=args.accumulate, compile=args.compile,
+        keep_last=args.keep_last, label_smoothing=args.smoothing)
+    corpus = load_corpus(args.task, args.src, args.tgt, n_train=args.n_train, seed=args.seed)
+    shared = None
+    if args.tokenizer:
+        from attnlab.tokenizers import BPETokenizer
+
+        shared = BPETokenizer.from_file(args.tokenizer)
+    done = run(TranslationRecipe(corpus, args.src_tokenizer, args.tgt_tokenizer, shared),
+               args.out, model_config, train_config, resume=args.resume)
+    from attnlab.training import distributed
+
+    lines = []
+    if distributed.rank_and_world()[0] == 0:
+        model = done.model
+        if args.average_last > 1:
+            from attnlab.storage import load_model_dir
+            from attnlab.training.checkpoint import write_average
+
+            folder, used = write_average(args.out, args.average_last)
+            model = load_model_dir(folder)[0]
+            lines.append(f"averaged the last {len(used)} checkpoints into {folder}")
+        if corpus.test and args.evaluate:
+            from attnlab.generation import exact_match
+
+            acc, _ = exact_match(model, done.tokenizers["source"], done.tokenizers["target"],
+                                 corpus.test)
+            lines.append(f"held-out exact match: {acc:.1%} of {len(corpus.test)}")
+    report_run(args.out, done.history, lines=lines)
+
+
+def cmd_train_lm(args: argparse.Namespace) -> None:
+    from attnlab.training.recipes import LMRecipe, run
+    from attnlab.training.schedule import CosineSchedule
+
+    model_config = preset_config(args, "decoder", "gpt-mini or llama-mini")
+    train_config = _train_config(
+        args, CosineSchedule(args.lr, args.warmup, args.steps, args.min_lr),
+        accumulate=args.accumulate, compile=args.compile, keep_last=args.keep_last,
+        label_smoothing=0.0, optimizer="adamw", weight_decay=args.weight_decay,
+        betas=(0.9, 0.95), eps=1e-8, eval_every=args.eval_every)
+    done = run(LMRecipe(args.text, args.block, args.batch, args.tokenizer, args.bpe_dir),
+               args.out, model_config, train_config, resume=args.resume)
+    report_run(args.out, done.history, "validation loss")
+
+
+def _bert_config(args: argparse.Namespace, **fields):
+    """BERT's fine-tuning and pretraining optimiser: AdamW (0.9, 0.999, 1e-6), linear warmup
+    and decay."""
+    from attnlab.training.schedule import LinearSchedule
+
+    return _train_config(args, LinearSchedule(args.lr, args.warmup, args.steps), accumulate=1,
+                         keep_last=2, label_smoothing=0.0, optimizer="adamw",
+                         weight_decay=args.weight_decay, betas=(0.9, 0.999), eps=1e-6,
+                         eval_every=args.eval_every, **fields)
+
+
+def cmd_train_mlm(args: argparse.Namespace) -> None:
+    from attnlab.training.recipes import MLMRecipe, run
+
+    model_config = preset_config(args, "encoder", "bert-mini or bert-tiny")
+    done = run(MLMRecipe(args.text, args.max_len, args.batch, args.tokenizer, args.vocab_size,
+                         args.nsp), args.out, model_config, _bert_config(args),
+               resume=args.resume)
+    report_run(args.out, done.history, "validation masked-LM loss")
+
+
+def cmd_train_classify(args: argparse.Namespace) -> None:
+    from attnlab.training.recipes import ClassifyRecipe, run
+
+    recipe = ClassifyRecipe(args.data, args.text_field, args.label_field, args.init,
+                            args.max_len, args.batch, args.id_field)
+    done = run(recipe, args.out, None, _bert_config(args, patience=args.patience),
+               resume=args.resume)
+    r = done.results
+    report_run(args.out, done.history, "validation loss",
+               [f"{split}: accuracy {r[f'{split}_accuracy']:.4f}, macro-F1 "
+                f"{r[f'{split}_macro_f1']:.4f}" for split in ("val", "test")],
+               where=f"model in {Path(args.out) / 'final'}")
+
+
+def cmd_average(args: argparse.Namespace) -> None:
+    from attnlab.training.checkpoint import write_average
+
+    folder, used = write_average(args.model, args.last, args.out)
+    print(f"averaged {', '.join(p.name for p in used)} into {folder}")
+
+
+# --- options -------------------------------------------------------------------------------
+def _run_args(p: argparse.ArgumentParser, out: str, steps: int, save_every: int = 500,
+              legacy: str | None = "--bf16") -> None:
+    """Options every trainer has: length, output folder, resuming, device, seed."""
+    p.add_argument("--steps", type=int, default=steps, help=f"optimizer steps (default: {steps})")
+    p.add_argument("--time-budget", type=float, help="stop after this many seconds")
+    p.add_argument("--out", default=out, help=f"output folder (default: {out})")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--save-every", type=int, default=save_every,
+                   help=f"steps between checkpoints (default: {save_every})")
+    add_runtime_args(p, legacy=legacy)
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, data order, dropout")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _bert_args(p: argparse.ArgumentParser, lr: float, warmup: int, eval_every: int) -> None:
+    p.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default: {lr})")
+    p.add_argument("--warmup", type=int, default=warmup,
+                   help=f"linear warmup steps (default: {warmup})")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--batch", type=int, default=32, help="sequences per step")
+    p.add_argument("--max-len", type=int, default=128, help="tokens per sequence (at most)")
+    p.add_argument("--eval-every", type=int, default=eval_every)
+
+
+def add_commands(sub) -> None:
+    train = sub.add_parser("train", help="train a model", description="Train a model.")
+    kinds = train.add_subparsers(dest="what", metavar="KIND")
+    kinds.required = True
+
+    tt = kinds.add_parser(
+        "translate", help="train an encoder-decoder translator",
+        description="Train an encoder-decoder with the paper's recipe (Adam 0.9/0.98/1e-9, "
+                    "warmup + inverse-sqrt learning rate, label smoothing 0.1).")
+    tt.add_argument("--task", choices=["numbers"], help="built-in synthetic task")
+    tt.add_argument("--src", help="source text file (plain or .gz), one sentence a line")
+    tt.add_argument("--tgt", help="target text file, line-aligned with --src")
+    tt.add_argument("--src-tokenizer", choices=["word", "char"], default="word")
+    tt.add_argument("--tgt-tokenizer", choices=["word", "char"], default="char")
+    tt.add_argument("--tokenizer", metavar="FILE",
+                    help="one shared BPE tokenizer.json for both sides (attnlab tokenize train)")
+    add_preset_args(tt, "tiny", "tiny, small, base, big")
+    tt.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch per side")
+    tt.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
+    tt.add_argument("--warmup", type=int, default=4000)
+    tt.add_argument("--lr-factor", type=float, default=1.0)
+    tt.add_argument("--smoothing", type=float, default=0.1, help="label smoothing epsilon")
+    tt.add_argument("--keep-last", type=int, default=5)
+    tt.add_argument("--average-last", type=int, default=0, metavar="N",
+                    help="after training, average the last N checkpoints into OUT/final")
+    tt.add_argument("--compile", action="store_true", help="torch.compile the model")
+    tt.add_argument("--n-train", type=int, default=200_000, help="numbers task: pairs")
+    tt.add_argument("--no-evaluate", dest="evaluate", action="store_false",
+                    help="skip the held-out exact-match evaluation")
+    _run_args(tt, "runs/translate", 2000)
+    tt.set_defaults(func=cmd_train_translate)
+
+    lm = kinds.add_parser(
+        "lm", help="train a decoder-only language model on a text file",
+        description="Train a GPT/Llama-style model: AdamW (weight decay on matrices only), "
+                    "linear warmup + cosine decay, gradient clipping; the last 10% of the "
+                    "text is the validation split.")
+    lm.add_argument("--text", required=True, help="a UTF-8 text file")
+    lm.add_argument("--tokenizer", choices=["char", "gpt2"], default="char")
+    lm.add_argument("--bpe-dir", help="folder with GPT-2's encoder.json and vocab.bpe")
+    add_preset_args(lm, "gpt-mini", "gpt-mini, llama-mini, gpt2, ...")
+    lm.add_argument("--block", type=int, default=64, help="context length in tokens")
+    lm.add_argument("--batch", type=int, default=12, help="sequences per step")
+    lm.add_argument("--accumulate", type=int, default=1)
+    lm.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    lm.add_argument("--min-lr", type=float, default=1e-4)
+    lm.add_argument("--warmup", type=int, default=100)
+    lm.add_argument("--weight-decay", type=float, default=0.1)
+    lm.add_argument("--eval-every", type=int, default=500)
+    lm.add_argument("--keep-last", type=int, default=3)
+    lm.add_argument("--compile", action="store_true")
+    _run_args(lm, "runs/lm", 2000)
+    lm.set_defaults(func=cmd_train_lm)
+
+    mlm = kinds.add_parser(
+        "mlm", help="masked-LM pretraining of a BERT on a text file",
+        description="BERT pretraining: 15% of tokens selected (80% [MASK], 10% random, "
+                    "10% unchanged), loss on those only; AdamW, linear warmup and decay. Each "
+                    "line is a sentence; the last 5% of lines validate.")
+    mlm.add_argument("--text", required=True, help="a UTF-8 text file, one sentence a line")
+    mlm.add_argument("--tokenizer", help="vocab.txt / tokenizer.json (default: learn WordPiece)")
+    mlm.add_argument("--vocab-size", type=int, default=8000, help="when learning WordPiece")
+    mlm.add_argument("--nsp", action="store_true", help="add next-sentence prediction")
+    add_preset_args(mlm, "bert-mini", "bert-mini, bert-tiny, bert-base, ...")
+    _bert_args(mlm, lr=5e-4, warmup=200, eval_every=500)
+    _run_args(mlm, "runs/mlm", 2000)
+    mlm.set_defaults(func=cmd_train_mlm)
+
+    cl = kinds.add_parser(
+        "classify", help="fine-tune a BERT classifier on labelled JSON lines",
+        description="Fine-tune a [CLS] classifier from a pretrained encoder: AdamW, linear "
+                    "warmup and decay, early stopping on validation loss. The split is fixed "
+                    "by hashing each example's id: 80% train, 10% validation, 10% test.")
+    cl.add_argument("--data", required=True, help="a .jsonl or .jsonl.gz file")
+    cl.add_argument("--text-field", required=True, help="field with the text (or F1,F2)")
+    cl.add_argument("--label-field", required=True, help="field with the label")
+    cl.add_argument("--id-field", default="id", help="field hashed for the split")
+    cl.add_argument("--init", default="minilm",
+                    help="encoder to start from: minilm, a HF BERT folder or an attnlab run")
+    cl.add_argument("--patience", type=int, default=3,
+                    help="stop after N validation passes without improvement (0: never)")
+    _bert_args(cl, lr=5e-5, warmup=60, eval_every=100)
+    _run_args(cl, "runs/classify", 600)
+    cl.set_defaults(func=cmd_train_classify)
+
+    avg = sub.add_parser("average", help="average the last checkpoints of a run",
+                         description="Average the weights of a run's last N checkpoints (the "
+                                     "paper averaged the last 5) into a model folder.")
+    avg.add_argument("--model", required=True, help="run folder (with checkpoints/)")
+    avg.add_argument("--last", type=int, default=5)
+    avg.add_argument("--out", help="output folder (default: RUN/final)")
+    avg.set_defaults(func=cmd_average)

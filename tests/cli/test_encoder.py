@@ -1,0 +1,65 @@
+"""``attnlab classify`` and ``embed``.
+
+Covered elsewhere, not repeated here:
+
+- classify: happy path tests/training/test_bert_training.py::test_classify_cli_prints_labels
+  (a fine-tuned classifier labels two reviews right).
+- embed: happy path with all-MiniLM-L6-v2 tests/interop/test_minilm.py::
+  test_embed_cli_prints_the_cosine_matrix (the printed cosines equal sentence-transformers').
+
+Here: ``embed`` of an attnlab run (``train mlm``), and bad input for both.
+"""
+
+import json
+
+import pytest
+
+from attnlab import ModelConfig
+from tests.cli.helpers import assert_bad_input, cli
+
+SENTENCES = ["alpha bravo charlie delta", "alpha bravo charlie delta", "kilo lima alpha bravo"]
+
+
+def test_embed_a_trained_run_prints_cosines_and_unit_vectors(capsys, mlm_run):
+    r = cli(capsys, "embed", "--model", mlm_run.path, "--device", "cpu", "--precision", "fp32",
+            *SENTENCES)
+    assert r.code == 0 and r.err == "", r.err
+    d_model = ModelConfig.from_preset("bert-tiny").d_model
+    assert r.out.count(f"({d_model} dims)") == 3
+    rows = r.out.split("cosine similarity:\n", 1)[1].splitlines()[1:]
+    cos = [[float(x) for x in row.split()[1:]] for row in rows]
+    assert len(cos) == 3 and all(len(row) == 3 for row in cos)
+    assert [cos[i][i] for i in range(3)] == [1.0, 1.0, 1.0]  # each sentence with itself
+    assert cos[0][1] == 1.0  # the same sentence twice: the same vector
+    assert cos[0][2] == cos[2][0] and -1.0 <= cos[0][2] < 1.0
+
+    r = cli(capsys, "embed", "--model", mlm_run.path, "--json", "--device", "cpu",
+            "--precision", "fp32", *SENTENCES[:2])
+    assert r.code == 0, r.err
+    lines = [json.loads(line) for line in r.out.splitlines()]
+    assert [line["text"] for line in lines] == SENTENCES[:2]
+    for line in lines:
+        assert len(line["embedding"]) == d_model
+        assert sum(x * x for x in line["embedding"]) == pytest.approx(1.0, abs=1e-4)
+    assert lines[0]["embedding"] == lines[1]["embedding"]
+
+
+@pytest.mark.parametrize("command", ["classify", "embed"])
+def test_missing_model_is_named(capsys, tmp_path, command):
+    missing = tmp_path / "no-such-model"
+    r = cli(capsys, command, "--model", missing, "--device", "cpu", "some text")
+    assert_bad_input(r, str(missing))
+    assert r.out == ""
+
+
+def test_classify_refuses_a_model_without_a_classifier_head(capsys, mlm_run):
+    r = cli(capsys, "classify", "--model", mlm_run.path, "--device", "cpu", "alpha bravo")
+    assert_bad_input(r, "head='mlm'")
+    assert r.out == ""
+
+
+def test_embed_refuses_a_translation_model(capsys, translation_run):
+    r = cli(capsys, "embed", "--model", translation_run.path, "--device", "cpu", "forty-two")
+    assert_bad_input(r, str(translation_run.path))
+    assert r.out == ""
+

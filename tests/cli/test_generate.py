@@ -1,0 +1,29 @@
+"""``attnlab generate``: a model that is missing or cannot generate.
+
+Covered elsewhere, not repeated here:
+
+- happy path: tests/training/test_lm.py::test_generate_streams_and_stops (greedy, ``--stop``,
+  ``--truncate``), ::test_generate_bad_flags_and_empty_prompt (an empty prompt),
+  ::test_generate_int4_runs_a_trained_run;
+- bad input: tests/training/test_lm.py::test_generate_bad_flags_and_empty_prompt (``--top-p 1.5``,
+  exact stderr; ``--max-new-tokens`` filling the context), ::test_generate_streams_and_stops (a
+  prompt longer than the context).
+"""
+
+from tests.cli.helpers import assert_bad_input, cli
+
+
+def test_missing_model_is_named(capsys, tmp_path):
+    missing = tmp_path / "no-such-run"
+    r = cli(capsys, "generate", "--model", missing, "--prompt", "forty", "--device", "cpu")
+    assert_bad_input(r, str(missing))
+    assert r.out == ""
+
+
+def test_an_encoder_only_model_is_refused(capsys, mlm_run):
+    """A BERT (``train mlm``) has no causal decoder: one line naming it, not a traceback."""
+    r = cli(capsys, "generate", "--model", mlm_run.path, "--prompt", "alpha bravo",
+            "--max-new-tokens", "4", "--device", "cpu", "--precision", "fp32")
+    line = assert_bad_input(r)
+    assert str(mlm_run.path) in line or "encoder" in line, line
+    assert r.out == ""  # refused before the prompt is echoed

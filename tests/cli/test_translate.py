@@ -1,0 +1,52 @@
+"""``attnlab translate``, ``evaluate`` and ``average``.
+
+Covered elsewhere, not repeated here:
+
+- translate: happy path tests/training/test_trainer.py::
+  test_translate_from_stdin_and_checkpoint_averaging (one line out per line in); bad input
+  tests/training/test_trainer.py::test_bad_input_one_line_exit_2 (corrupt and truncated weights,
+  a sentence longer than the model's context), tests/training/test_lm.py::
+  test_translation_commands_refuse_a_language_model.
+- evaluate: happy path tests/training/test_evaluate.py::test_shared_bpe_training_and_evaluate
+  (sacreBLEU's scores and signature, ``--out``, ``--beam``); bad input
+  ::test_evaluate_rejects_misaligned_files, tests/training/test_lm.py::
+  test_translation_commands_refuse_a_language_model.
+- average: happy path tests/training/test_trainer.py::
+  test_average_command_writes_a_loadable_model_folder; bad input tests/training/test_lm.py::
+  test_translation_commands_refuse_a_language_model (``--last 0``: exit code and message only).
+
+Here: a missing model folder (translate), a run without checkpoints (average, with the whole
+one-line contract) and an ``--out`` that cannot be created (evaluate, average).
+"""
+
+from tests.cli.helpers import assert_bad_input, cli, not_a_folder
+
+
+def test_translate_missing_model_is_named(capsys, tmp_path):
+    missing = tmp_path / "no-such-run"
+    r = cli(capsys, "translate", "--model", missing, "--device", "cpu", "forty-two")
+    assert_bad_input(r, str(missing))
+    assert r.out == ""
+
+
+def test_average_a_folder_without_checkpoints_is_named(capsys, tmp_path):
+    (tmp_path / "empty-run").mkdir()
+    r = cli(capsys, "average", "--model", tmp_path / "empty-run", "--last", "2")
+    assert_bad_input(r, str(tmp_path / "empty-run"))
+    assert not (tmp_path / "empty-run" / "final").exists()
+
+
+def test_average_out_that_cannot_be_created_is_named(capsys, tmp_path, translation_run):
+    out = not_a_folder(tmp_path)
+    r = cli(capsys, "average", "--model", translation_run.path, "--last", "2", "--out", out)
+    assert_bad_input(r, str(out.parent))
+
+
+def test_evaluate_out_that_cannot_be_created_is_named(capsys, tmp_path, translation_run):
+    (tmp_path / "src.en").write_text("one\n")
+    (tmp_path / "ref.de").write_text("eins\n")
+    out = not_a_folder(tmp_path)
+    r = cli(capsys, "evaluate", "--model", translation_run.path, "--src", tmp_path / "src.en",
+            "--ref", tmp_path / "ref.de", "--beam", "1", "--out", out, "--device", "cpu",
+            "--precision", "fp32")
+    assert_bad_input(r, str(out.parent))
