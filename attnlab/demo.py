@@ -21,6 +21,7 @@ from pathlib import Path
 from attnlab import hardware
 from attnlab.config import ModelConfig
 from attnlab.data import load_corpus
+from attnlab.errors import BadInput
 from attnlab.generation import cross_attention, exact_match, translate
 from attnlab.training.recipes import train_translation
 from attnlab.training.schedule import CosineSchedule, schedule_to_dict
@@ -36,6 +37,8 @@ EXAMPLES = ["forty-two", "seven hundred twenty-one thousand three hundred ninety
 def run_demo(out_dir: str = "runs/demo", steps: int = 1500, time_budget: float | None = None,
              n_train: int = 200_000, n_test: int = 500, seed: int = 0,
              precision: str = "auto", device: str = "auto", log=print) -> dict:
+    if steps < 1:
+        raise BadInput(f"--steps must be >= 1, got {steps}")
     out = Path(out_dir)
     if (out / "checkpoints").exists():  # the demo's own scratch folder: start afresh
         log(f"removing the previous demo run in {out}")

@@ -2,7 +2,9 @@
 
 Every subcommand has ``--help``. attnlab's own errors (bad input, a missing file, an
 unsupported format: :mod:`attnlab.errors`) end with one line on stderr naming the problem and
-exit code 2. Anything else is a bug in attnlab: its traceback is shown, with a line saying so.
+exit code 2, and so does an operating-system error on a path the user named (a folder that
+cannot be created, a file that cannot be written). Anything else is a bug in attnlab: its
+traceback is shown, with a line saying so.
 ``--debug`` shows the traceback of attnlab's own errors too.
 
 Only the module of the command being run is imported and asked for its options, so a command
@@ -61,6 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"attnlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.filename is None:  # not about a path the user named: a bug
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(f"attnlab {args.command}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)

@@ -9,9 +9,14 @@ from attnlab.cli.common import UsageError
 
 
 def cmd_tokenize_train(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
     from attnlab.data import read_lines
+    from attnlab.errors import MissingFile
     from attnlab.tokenizers import BPETokenizer
 
+    if not Path(args.out).resolve().parent.is_dir():
+        raise MissingFile(f"--out {args.out}: its folder does not exist")
     texts = [line for path in args.files for line in read_lines(path)]
     if not texts:
         raise UsageError("the input files hold no text")
