@@ -1,7 +1,7 @@
 """Decoder-only language models: GPT-2 and Llama-style, from the same blocks.
 
     h₀     = Dropout(E[ids] + P[pos])          (learned positions; RoPE adds nothing here)
-    hₗ     = EncoderLayer(hₗ₋₁, causal)          l = 1..N  (pre-LN: x + F(Norm(x)))
+    hₗ     = Block(hₗ₋₁, causal)                 l = 1..N  (pre-LN: x + F(Norm(x)))
     logits = Norm(h_N) · Eᵀ                      (batch, seq, vocab), tied to the embedding
 
 A GPT block is the encoder layer of the paper run with a causal mask, so this file only
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
-from attnlab.nn import DecoderCache, Encoder, TokenEmbedding, build_positional
+from attnlab.nn import DecoderOnly, SelfAttentionCache, TokenEmbedding, build_positional
 
 
 class GPT(nn.Module):
@@ -34,7 +34,7 @@ class GPT(nn.Module):
         self.positional = build_positional(config.positional, config.d_model, config.n_heads,
                                            config.max_len, config.rope_base)
         self.embed_dropout = nn.Dropout(config.dropout)
-        self.blocks = Encoder(config, n_layers=config.n_decoder_layers)
+        self.blocks = DecoderOnly(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
         if config.tie_embeddings:
@@ -53,7 +53,7 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
 
     def forward(self, ids: Tensor, positions: Tensor | None = None,
-                cache: DecoderCache | None = None, attention_mask: Tensor | None = None,
+                cache: SelfAttentionCache | None = None, attention_mask: Tensor | None = None,
                 need_weights: bool = False) -> Tensor:
         """Next-token logits for every position.
 
@@ -72,12 +72,12 @@ class GPT(nn.Module):
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]
-        h = self.blocks(x, mask=mask, is_causal=True, positional=self.positional,
-                        positions=positions, cache=cache, need_weights=need_weights)
+        h = self.blocks(x, mask=mask, positional=self.positional, positions=positions,
+                        cache=cache, need_weights=need_weights)
         return self.lm_head(h)
 
-    def new_cache(self, capacity: int = 256) -> DecoderCache:
-        return DecoderCache(len(self.blocks.layers), capacity)
+    def new_cache(self, capacity: int = 256) -> SelfAttentionCache:
+        return SelfAttentionCache(len(self.blocks.layers), capacity)
 
     def components(self) -> OrderedDict[str, list[nn.Module]]:
         embeddings: list[nn.Module] = [self.embed, self.positional]

@@ -1,8 +1,8 @@
 """attnlab.nn: the building blocks of every Transformer family, one concept per file."""
 
 from attnlab.nn.attention import scaled_dot_product_attention
-from attnlab.nn.blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
-from attnlab.nn.cache import DecoderCache, KVCache, LayerCache
+from attnlab.nn.blocks import Decoder, DecoderLayer, DecoderOnly, Encoder, EncoderLayer
+from attnlab.nn.cache import DecoderCache, KVCache, LayerCache, SelfAttentionCache
 from attnlab.nn.embeddings import TokenEmbedding
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.layout import decoding_layout_
@@ -25,9 +25,11 @@ from attnlab.nn.positional import (
 __all__ = [
     "scaled_dot_product_attention", "causal_mask", "combine_masks", "lengths_mask",
     "padding_mask", "MultiHeadAttention", "KVCache", "LayerCache", "DecoderCache",
+    "SelfAttentionCache",
     "PositionalEncoding", "SinusoidalPositionalEncoding", "LearnedPositionalEncoding",
     "RotaryPositionalEncoding", "ALiBiPositionalEncoding", "NoPositionalEncoding",
     "alibi_slopes", "build_positional", "positions_from", "sinusoidal_table",
     "LayerNorm", "RMSNorm", "Residual", "build_norm", "FeedForward", "TokenEmbedding",
-    "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "decoding_layout_",
+    "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "DecoderOnly",
+    "decoding_layout_",
 ]

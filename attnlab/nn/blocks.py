@@ -14,8 +14,10 @@ Decoder layer (Fig. 1, right), three:
 where Sublayer is post-LN ``Norm(x + Dropout(F(x)))`` or pre-LN ``x + Dropout(F(Norm(x)))``
 (:class:`attnlab.nn.norms.Residual`). Shapes stay ``(batch, seq, d_model)`` throughout.
 
-A GPT block is an encoder layer run with a causal mask, so decoder-only models reuse
-:class:`EncoderLayer`; BERT uses it as is.
+Stacks: :class:`Encoder` (bidirectional; BERT and the encoder–decoder), :class:`Decoder`
+(with cross-attention; the encoder–decoder) and :class:`DecoderOnly` (GPT, Llama). A GPT
+block is the paper's encoder layer run with a causal mask, so :class:`DecoderOnly` stacks
+:class:`EncoderLayer` and keeps one self-attention :class:`KVCache` per layer.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
-from attnlab.nn.cache import DecoderCache, KVCache, LayerCache
+from attnlab.nn.cache import DecoderCache, KVCache, LayerCache, SelfAttentionCache
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.norms import Residual, build_norm
@@ -154,28 +156,53 @@ class DecoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """N encoder layers, then a final norm when the config asks for one (pre-LN)."""
+    """N encoder layers (every position sees every unmasked position), then a final norm when
+    the config asks for one (pre-LN)."""
 
-    def __init__(self, config: ModelConfig, n_layers: int | None = None):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        n = config.n_encoder_layers if n_layers is None else n_layers
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(n))
+        self.layers = nn.ModuleList(EncoderLayer(config)
+                                    for _ in range(config.n_encoder_layers))
         self.norm = _final_norm(config)
 
     def forward(
         self,
         x: Tensor,
         mask: Tensor | None = None,
-        is_causal: bool = False,
         positional: PositionalEncoding | None = None,
         positions: Tensor | None = None,
-        cache: DecoderCache | None = None,
         need_weights: bool = False,
     ) -> Tensor:
         """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``."""
+        for layer in self.layers:
+            x = layer(x, mask, False, positional, positions, None, need_weights)
+        return self.norm(x)
+
+
+class DecoderOnly(nn.Module):
+    """The stack of a decoder-only model (``n_decoder_layers`` blocks): self-attention that
+    sees only earlier positions, no cross-attention; then a final norm (pre-LN)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(config)
+                                    for _ in range(config.n_decoder_layers))
+        self.norm = _final_norm(config)
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        positional: PositionalEncoding | None = None,
+        positions: Tensor | None = None,
+        cache: SelfAttentionCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``; with a ``cache``, ``x``
+        holds only the new positions and earlier keys/values come from the cache."""
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, is_causal, positional, positions,
-                      None if cache is None else cache[i].self_attn, need_weights)
+            x = layer(x, mask, True, positional, positions,
+                      None if cache is None else cache[i], need_weights)
         return self.norm(x)
 
 

@@ -59,8 +59,24 @@ class KVCache:
             self.v = self.v.index_select(0, index)
 
 
+class SelfAttentionCache(list):
+    """One :class:`KVCache` per layer of a decoder-only stack (GPT, Llama: self-attention
+    only); ``length`` is the number of positions decoded."""
+
+    def __init__(self, n_layers: int, capacity: int = 256):
+        super().__init__(KVCache(capacity) for _ in range(n_layers))
+
+    @property
+    def length(self) -> int:
+        return self[0].length if self else 0
+
+    def reorder(self, index: Tensor) -> None:
+        for layer in self:
+            layer.reorder(index)
+
+
 class LayerCache:
-    """The caches of one layer: its self-attention and (decoders) its cross-attention."""
+    """The caches of one encoder–decoder decoder layer: self- and cross-attention."""
 
     def __init__(self, capacity: int = 256):
         self.self_attn = KVCache(capacity)
@@ -72,7 +88,8 @@ class LayerCache:
 
 
 class DecoderCache(list):
-    """One :class:`LayerCache` per layer; ``length`` is the number of positions decoded."""
+    """One :class:`LayerCache` per layer of an encoder–decoder's decoder; ``length`` is the
+    number of positions decoded."""
 
     def __init__(self, n_layers: int, capacity: int = 256):
         super().__init__(LayerCache(capacity) for _ in range(n_layers))
@@ -86,4 +103,4 @@ class DecoderCache(list):
             layer.reorder(index)
 
 
-__all__ = ["KVCache", "LayerCache", "DecoderCache"]
+__all__ = ["KVCache", "SelfAttentionCache", "LayerCache", "DecoderCache"]

@@ -7,10 +7,11 @@ from torch import nn
 from attnlab import ModelConfig
 from attnlab.nn import (
     Decoder,
-    DecoderCache,
     DecoderLayer,
+    DecoderOnly,
     Encoder,
     EncoderLayer,
+    SelfAttentionCache,
     build_positional,
     causal_mask,
 )
@@ -148,14 +149,13 @@ def test_cached_decoding_through_a_stack_equals_full(positional):
     cfg = config(positional=positional, norm_placement="pre", norm="rmsnorm",
                  activation="swiglu", num_kv_heads=2, bias=False)
     pe = build_positional(positional, D, H, 64, 1e4)
-    encoder = Encoder(cfg)  # used causally, as a decoder-only model does
+    stack = DecoderOnly(cfg)  # GPT/Llama's stack: causal, one self-attention cache a layer
     x = torch.randn(2, 9, D)
-    full = encoder(pe.embed(x, torch.arange(9)), is_causal=True, positional=pe,
-                   positions=torch.arange(9))
-    cache = DecoderCache(len(encoder.layers), capacity=4)
+    full = stack(pe.embed(x, torch.arange(9)), positional=pe, positions=torch.arange(9))
+    cache = SelfAttentionCache(len(stack.layers), capacity=4)
     outs = []
     for start, end in ((0, 4), (4, 5), (5, 9)):
         pos = torch.arange(start, end)
-        outs.append(encoder(pe.embed(x[:, start:end], pos), is_causal=True, positional=pe,
-                            positions=pos, cache=cache))
+        outs.append(stack(pe.embed(x[:, start:end], pos), positional=pe, positions=pos,
+                          cache=cache))
     assert (torch.cat(outs, 1) - full).abs().max() <= 1e-5
