@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
-from attnlab.interop.huggingface import Family, register
+from attnlab.interop.huggingface import (
+    Family,
+    activation_from_hf,
+    activation_to_hf,
+    register,
+)
 
-_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-        "relu": "relu", "silu": "silu", "swish": "silu"}
 _CLASSES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForPreTraining": "pretraining",
             "BertForSequenceClassification": "classify", "BertForTokenClassification": "tokens"}
 _HEADS = {head: cls for cls, head in _CLASSES.items()}
-
 
 # transformers' BertConfig defaults, for fields a config.json may leave out
 _DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_attention_heads=12,
@@ -26,10 +28,7 @@ _DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_attention_heads=12,
 
 def bert_to_config(hf: dict) -> ModelConfig:
     hf = {**_DEFAULTS, **hf}
-    act = hf.get("hidden_act", "gelu")
-    if act not in _ACT:
-        raise BadInput(f"hidden_act={act!r} is not supported for bert "
-                       f"(supported: {sorted(_ACT)})")
+    act = activation_from_hf(hf, "hidden_act", "gelu", "bert")
     kind = hf.get("position_embedding_type", "absolute")
     if kind != "absolute":
         raise BadInput(f"position_embedding_type={kind!r} is not supported "
@@ -50,7 +49,7 @@ def bert_to_config(hf: dict) -> ModelConfig:
         dropout=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
         max_len=hf.get("max_position_embeddings", 512), positional="learned",
-        norm_eps=hf.get("layer_norm_eps", 1e-12), norm_placement="post", activation=_ACT[act],
+        norm_eps=hf.get("layer_norm_eps", 1e-12), norm_placement="post", activation=act,
         scale_embeddings=False, type_vocab_size=hf.get("type_vocab_size", 2),
         embedding_norm=True, head=_CLASSES[arch],
         num_labels=len(labels) if labels else hf.get("num_labels", 2),
@@ -59,10 +58,7 @@ def bert_to_config(hf: dict) -> ModelConfig:
 
 
 def bert_from_config(c: ModelConfig) -> dict:
-    acts = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
-    if c.activation not in acts:
-        raise BadInput(f"activation={c.activation!r} has no BertModel equivalent")
-    act = acts[c.activation]
+    act = activation_to_hf(c, "BertModel")
     labels = c.extra.get("labels") or [f"LABEL_{i}" for i in range(c.num_labels)]
     return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, num_attention_heads=c.n_heads,
                 intermediate_size=c.d_ff, num_hidden_layers=c.n_encoder_layers,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
-from attnlab.interop.huggingface import Family, register
-
-_GPT2_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
-             "relu": "relu"}
-
+from attnlab.interop.huggingface import (
+    Family,
+    activation_from_hf,
+    activation_to_hf,
+    register,
+)
 
 # transformers' defaults for fields a config.json may leave out (GPT2Config, LlamaConfig)
 _GPT2_DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
@@ -27,7 +28,7 @@ def _require(hf: dict, field: str, allowed, what: str):
 
 def gpt2_to_config(hf: dict) -> ModelConfig:
     hf = {**_GPT2_DEFAULTS, **hf}
-    act = _require(hf, "activation_function", _GPT2_ACT, "gpt2")
+    act = activation_from_hf(hf, "activation_function", "gelu_new", "gpt2")
     d = hf["n_embd"]
     eos = hf.get("eos_token_id", 50256)
     return ModelConfig(
@@ -36,14 +37,14 @@ def gpt2_to_config(hf: dict) -> ModelConfig:
         dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
         max_len=hf["n_positions"], positional="learned",
         norm_eps=hf.get("layer_norm_epsilon", 1e-5), norm_placement="pre",
-        activation=_GPT2_ACT[act], fused_qkv=True, scale_embeddings=False,
+        activation=act, fused_qkv=True, scale_embeddings=False,
         tie_embeddings=hf.get("tie_word_embeddings", True), pad_id=eos, unk_id=eos,
         bos_id=hf.get("bos_token_id", eos), eos_id=eos, extra={"hf_model_type": "gpt2"},
     )
 
 
 def gpt2_from_config(c: ModelConfig) -> dict:
-    act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[c.activation]
+    act = activation_to_hf(c, "GPT2LMHeadModel")
     return dict(vocab_size=c.vocab_size, n_embd=c.d_model, n_head=c.n_heads,
                 n_layer=c.n_decoder_layers, n_inner=c.d_ff, n_positions=c.max_len,
                 activation_function=act,

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
-from attnlab.interop.huggingface import Family, register
-
-_ACT = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "swish": "silu",
-        "silu": "silu"}
+from attnlab.interop.huggingface import (
+    Family,
+    activation_from_hf,
+    activation_to_hf,
+    register,
+)
 
 
 def _same(hf: dict, a: str, b: str):
@@ -23,10 +25,7 @@ def _same(hf: dict, a: str, b: str):
 
 
 def marian_to_config(hf: dict) -> ModelConfig:
-    act = hf.get("activation_function", "gelu")
-    if act not in _ACT:
-        raise BadInput(f"activation_function={act!r} is not supported for "
-                       f"marian (supported: {sorted(_ACT)})")
+    act = activation_from_hf(hf, "activation_function", "gelu", "marian")
     if not hf.get("share_encoder_decoder_embeddings", True):
         raise BadInput("share_encoder_decoder_embeddings=False is not supported")
     if hf.get("normalize_before", False):
@@ -41,7 +40,7 @@ def marian_to_config(hf: dict) -> ModelConfig:
         dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
         activation_dropout=hf.get("activation_dropout", 0.0),
         max_len=hf.get("max_position_embeddings", 1024), positional="sinusoidal-split",
-        norm_eps=1e-5, norm_placement="post", final_norm=False, activation=_ACT[act],
+        norm_eps=1e-5, norm_placement="post", final_norm=False, activation=act,
         scale_embeddings=bool(hf.get("scale_embedding", False)), tie_embeddings=True,
         output_bias=True, pad_id=pad, unk_id=hf.get("unk_token_id", 1),
         bos_id=hf.get("decoder_start_token_id", pad), eos_id=hf.get("eos_token_id", 0),
@@ -50,8 +49,8 @@ def marian_to_config(hf: dict) -> ModelConfig:
 
 
 def marian_from_config(c: ModelConfig) -> dict:
-    act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "swish"}
-    if c.activation not in act or c.norm_placement != "post" or c.use_final_norm:
+    act = activation_to_hf(c, "MarianMTModel")
+    if c.norm_placement != "post" or c.use_final_norm:
         raise BadInput(f"this configuration has no MarianMTModel equivalent (activation "
                        f"{c.activation}, {c.norm_placement}-LN, final norm "
                        f"{c.use_final_norm})")
@@ -63,7 +62,7 @@ def marian_from_config(c: ModelConfig) -> dict:
                 encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
                 encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, dropout=c.dropout,
                 attention_dropout=c.attention_dropout, activation_dropout=c.activation_dropout,
-                activation_function=act[c.activation], max_position_embeddings=c.max_len,
+                activation_function=act, max_position_embeddings=c.max_len,
                 scale_embedding=c.scale_embeddings, share_encoder_decoder_embeddings=True,
                 tie_word_embeddings=True, pad_token_id=c.pad_id, eos_token_id=c.eos_id,
                 decoder_start_token_id=c.bos_id, bad_words_ids=[[c.pad_id]],

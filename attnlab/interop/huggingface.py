@@ -41,6 +41,28 @@ class Family:
 
 FAMILIES: dict[str, Family] = {}
 
+# transformers' activation names -> attnlab's, for every family (gelu_new and
+# gelu_pytorch_tanh are GELU's tanh approximation; swish is SiLU), and back.
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+                  "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+TO_HF_ACTIVATION = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu"}
+
+
+def activation_from_hf(hf: dict, field: str, default: str, family: str) -> str:
+    """attnlab's name for the activation a config.json names in ``field``."""
+    name = hf.get(field, default)
+    if name not in HF_ACTIVATIONS:
+        raise BadInput(f"{field}={name!r} is not supported for {family} "
+                       f"(supported: {sorted(HF_ACTIVATIONS)})")
+    return HF_ACTIVATIONS[name]
+
+
+def activation_to_hf(config: ModelConfig, family: str) -> str:
+    """transformers' name for ``config.activation``."""
+    if config.activation not in TO_HF_ACTIVATION:
+        raise BadInput(f"activation={config.activation!r} has no {family} equivalent")
+    return TO_HF_ACTIVATION[config.activation]
+
 
 def register(family: Family) -> Family:
     FAMILIES[family.model_type] = family

@@ -109,8 +109,8 @@ def test_a_minimal_config_json_takes_transformers_defaults(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ('{"model_type": "gpt2",', "config.json:1: invalid JSON"),
     ('{"model_type": "gpt2", "n_embd": "wide"}', "config.json: config field d_model='wide'"),
-    ('{"model_type": "gpt2", "activation_function": "swish"}',
-     "config.json: activation_function='swish' is not supported for gpt2"),
+    ('{"model_type": "gpt2", "activation_function": "quick_gelu"}',
+     "config.json: activation_function='quick_gelu' is not supported for gpt2"),
 ])
 def test_bad_config_json_names_the_file(tmp_path, text, message):
     (tmp_path / "config.json").write_text(text)
