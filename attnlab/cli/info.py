@@ -10,7 +10,9 @@ from attnlab.cli.common import add_preset_args, preset_config
 def cmd_info(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab import build_model, hardware, parameter_breakdown
+    from attnlab import hardware
+    from attnlab.models import build_model
+    from attnlab.params import parameter_breakdown
 
     if args.hardware:
         print("\n".join(hardware.describe(args.device)))

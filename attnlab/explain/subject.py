@@ -75,7 +75,8 @@ class Subject:
 
 
 def _tiny(sentences: list[str], seed: int):
-    from attnlab import ModelConfig, Transformer
+    from attnlab.config import ModelConfig
+    from attnlab.models import Transformer
     from attnlab.tokenizers import WordTokenizer
 
     tok = WordTokenizer.train(sentences)
