@@ -1,0 +1,44 @@
+"""The short call path of docs/architecture.md: inference runs code in at most 10 attnlab files
+outside nn/, never in training/ or data/, and in no other command's module."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.call_path import trace
+from tests.cli.helpers import cli_captured
+
+INFERENCE_FORBIDDEN = ("attnlab/training/", "attnlab/data/")
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lm")
+    (folder / "text.txt").write_text("to be or not to be, that is the question. " * 40)
+    r = cli_captured("train", "lm", "--text", folder / "text.txt", "--preset", "gpt-mini",
+                     "--set", "d_model=32", "--set", "n_heads=2", "--set", "n_decoder_layers=1",
+                     "--steps", "2", "--block", "16", "--batch", "4", "--out", folder / "run",
+                     "--no-progress", "--device", "cpu", "--precision", "fp32")
+    assert r.code == 0, r.err
+    return folder / "run"
+
+
+def _check(files: dict[str, list[str]], command_module: str) -> None:
+    called = files["called"]
+    assert len(called) <= 10, called
+    assert not [f for f in called if f.startswith(INFERENCE_FORBIDDEN)], called
+    cli = [f for f in called if f.startswith("attnlab/cli/")]
+    assert sorted(cli) == ["attnlab/cli/__init__.py", "attnlab/cli/common.py", command_module]
+
+
+def test_translate_runs_in_at_most_ten_files(translation_run, capsys):
+    code, files = trace(["translate", "--model", str(translation_run.path), "ein Satz"])
+    assert code == 0 and len(capsys.readouterr().out.splitlines()) == 1
+    _check(files, "attnlab/cli/translate.py")
+
+
+def test_generate_runs_in_at_most_ten_files(lm_run, capsys):
+    code, files = trace(["generate", "--model", str(lm_run), "--prompt", "to be",
+                         "--max-new-tokens", "5", "--device", "cpu"])
+    assert code == 0 and capsys.readouterr().out.startswith("to be")
+    _check(files, "attnlab/cli/generate.py")
