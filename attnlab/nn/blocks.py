@@ -155,55 +155,55 @@ class DecoderLayer(nn.Module):
         return self.ffn_sublayer(y, self.ffn)
 
 
-class Encoder(nn.Module):
-    """N encoder layers (every position sees every unmasked position), then a final norm when
-    the config asks for one (pre-LN)."""
+class _SelfAttentionStack(nn.Module):
+    """N :class:`EncoderLayer` blocks, then a final norm when the config asks for one (pre-LN);
+    ``causal`` says whether position i may see later positions."""
 
-    def __init__(self, config: ModelConfig):
+    causal = False
+
+    def __init__(self, config: ModelConfig, n_layers: int):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(config)
-                                    for _ in range(config.n_encoder_layers))
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(n_layers))
         self.norm = _final_norm(config)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None = None,
-        positional: PositionalEncoding | None = None,
-        positions: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> Tensor:
-        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``."""
-        for layer in self.layers:
-            x = layer(x, mask, False, positional, positions, None, need_weights)
-        return self.norm(x)
-
-
-class DecoderOnly(nn.Module):
-    """The stack of a decoder-only model (``n_decoder_layers`` blocks): self-attention that
-    sees only earlier positions, no cross-attention; then a final norm (pre-LN)."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(config)
-                                    for _ in range(config.n_decoder_layers))
-        self.norm = _final_norm(config)
-
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None = None,
-        positional: PositionalEncoding | None = None,
-        positions: Tensor | None = None,
-        cache: SelfAttentionCache | None = None,
-        need_weights: bool = False,
-    ) -> Tensor:
-        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``; with a ``cache``, ``x``
-        holds only the new positions and earlier keys/values come from the cache."""
+    def _run(self, x: Tensor, mask: Tensor | None, positional: PositionalEncoding | None,
+             positions: Tensor | None, cache: SelfAttentionCache | None,
+             need_weights: bool) -> Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, True, positional, positions,
+            x = layer(x, mask, self.causal, positional, positions,
                       None if cache is None else cache[i], need_weights)
         return self.norm(x)
+
+
+class Encoder(_SelfAttentionStack):
+    """The encoder (BERT, and the encoder–decoder's): every position sees every unmasked
+    position."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config, config.n_encoder_layers)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                positional: PositionalEncoding | None = None, positions: Tensor | None = None,
+                need_weights: bool = False) -> Tensor:
+        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``."""
+        return self._run(x, mask, positional, positions, None, need_weights)
+
+
+class DecoderOnly(_SelfAttentionStack):
+    """The stack of a decoder-only model (GPT, Llama): self-attention that sees only earlier
+    positions and no cross-attention, one self-attention :class:`KVCache` a layer."""
+
+    causal = True
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config, config.n_decoder_layers)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                positional: PositionalEncoding | None = None, positions: Tensor | None = None,
+                cache: SelfAttentionCache | None = None, need_weights: bool = False) -> Tensor:
+        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``; with a ``cache``, ``x``
+        holds only the new positions and earlier keys/values come from the cache."""
+        return self._run(x, mask, positional, positions, cache, need_weights)
 
 
 class Decoder(nn.Module):

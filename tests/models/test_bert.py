@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import BERT, GPT, ModelConfig, build_model, count_parameters
+from tests.gradients import directional_derivatives
 
 VOCAB, D = 100, 128  # bert-tiny's width, a small vocabulary (the tests never need 30522)
 HEADS = ["none", "mlm", "pretraining", "classify", "tokens"]
@@ -223,20 +224,8 @@ def test_gradient_matches_finite_differences():
     def loss():
         return F.cross_entropy(model(ids, types, attention_mask=mask), labels)
 
-    params = list(model.parameters())
-    directions = [torch.randn_like(p) for p in params]
-    grads = torch.autograd.grad(loss(), params)
-    analytic = sum((g * u).sum() for g, u in zip(grads, directions, strict=True))
-    eps = 1e-6
-    with torch.no_grad():
-        for p, u in zip(params, directions, strict=True):
-            p.add_(eps * u)
-        plus = loss()
-        for p, u in zip(params, directions, strict=True):
-            p.sub_(2 * eps * u)
-        minus = loss()
-    numeric = (plus - minus) / (2 * eps)
-    assert abs(float(analytic - numeric)) <= 1e-6 * abs(float(analytic))
+    analytic, numeric = directional_derivatives(loss, list(model.parameters()))
+    assert abs(analytic - numeric) <= 1e-6 * abs(analytic)
 
 
 def test_masked_lm_training_step_reduces_loss():

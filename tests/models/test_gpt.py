@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import BERT, GPT, ModelConfig, build_model, count_parameters
+from tests.gradients import directional_derivatives
 
 # The three ways position enters a decoder: learned table (GPT-2), RoPE (Llama), ALiBi bias.
 FAMILIES = {
@@ -215,20 +216,8 @@ def test_gradient_matches_finite_differences(kind):
         logits = model(ids, attention_mask=mask)
         return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
-    params = list(model.parameters())
-    directions = [torch.randn_like(p) for p in params]
-    grads = torch.autograd.grad(loss(), params)
-    analytic = sum((g * u).sum() for g, u in zip(grads, directions, strict=True))
-    eps = 1e-6
-    with torch.no_grad():
-        for p, u in zip(params, directions, strict=True):
-            p.add_(eps * u)
-        plus = loss()
-        for p, u in zip(params, directions, strict=True):
-            p.sub_(2 * eps * u)
-        minus = loss()
-    numeric = (plus - minus) / (2 * eps)
-    assert abs(float(analytic - numeric)) <= 1e-6 * abs(float(analytic))
+    analytic, numeric = directional_derivatives(loss, list(model.parameters()))
+    assert abs(analytic - numeric) <= 1e-6 * abs(analytic)
 
 
 def test_training_step_reduces_loss():
