@@ -58,14 +58,18 @@ class CausalLM:
         return label_smoothed_loss(model(batch.inputs), batch.targets, self.epsilon, pad_id=None)
 
 
-class MaskedLM:
+class _EncoderInputs:
+    """An encoder batch's input tokens are the real ones of its attention mask."""
+
+    def source_tokens(self, batch: MaskedLMBatch | LabelledBatch) -> int:
+        return int(batch.attention_mask.sum())
+
+
+class MaskedLM(_EncoderInputs):
     """Loss = mean NLL over selected positions (+ mean NSP cross-entropy when present)."""
 
     def target_tokens(self, batch: MaskedLMBatch) -> int:
         return int((batch.labels != -100).sum())
-
-    def source_tokens(self, batch: MaskedLMBatch) -> int:
-        return int(batch.attention_mask.sum())
 
     def loss(self, model: nn.Module, batch: MaskedLMBatch) -> LossSums:
         selected = batch.labels != -100
@@ -78,7 +82,7 @@ class MaskedLM:
         return sums
 
 
-class Classify:
+class Classify(_EncoderInputs):
     """Cross-entropy of one label per sequence (optionally label-smoothed)."""
 
     def __init__(self, label_smoothing: float = 0.0):
@@ -86,9 +90,6 @@ class Classify:
 
     def target_tokens(self, batch: LabelledBatch) -> int:
         return batch.labels.numel()
-
-    def source_tokens(self, batch: LabelledBatch) -> int:
-        return int(batch.attention_mask.sum())
 
     def loss(self, model: nn.Module, batch: LabelledBatch) -> LossSums:
         logits = model(batch.ids, batch.token_type_ids, batch.attention_mask)
