@@ -109,6 +109,11 @@ class ModelConfig:
             raise BadInput(
                 f"config: n_heads={self.n_heads} is not divisible by num_kv_heads={self.kv_heads}"
             )
+        if self.positional == "rope" and self.d_k % 2:  # RoPE rotates pairs of dimensions
+            raise BadInput(f"config: positional='rope' needs an even head width, got "
+                           f"d_k = d_model / n_heads = {self.d_k}")
+        if self.arch == "encoder" and self.activation == "swiglu":
+            raise BadInput("config: activation='swiglu' is not supported by BERT (arch='encoder')")
 
     @property
     def d_k(self) -> int:
@@ -134,7 +139,8 @@ class ModelConfig:
     def check_length(self, n_tokens: int, what: str = "sequence") -> None:
         """The max-length rule, the one place it lives: a sequence may hold at most
         ``max_len`` positions, the last one the positional encoding covers. ALiBi and no
-        positional encoding extrapolate, so they have no such limit."""
+        positional encoding extrapolate, so they have no such limit. The error reads
+        "{what} of {n_tokens} tokens exceeds the model's context max_len=..."."""
         if self.positional not in ("alibi", "none") and n_tokens > self.max_len:
             raise BadInput(f"{what} of {n_tokens} tokens exceeds the model's context "
                            f"max_len={self.max_len}")

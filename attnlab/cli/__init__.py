@@ -65,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attnlab {args.command}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        if e.filename is None:  # not about a path the user named: a bug
-            raise
+        if e.filename is None:  # not about a path: a bug
+            return _internal_error(args.command)
         if args.debug:
             traceback.print_exc()
         print(f"attnlab {args.command}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
@@ -75,11 +75,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
     except Exception:
-        traceback.print_exc()
-        print(f"attnlab {args.command}: internal error: the traceback above is a bug in "
-              "attnlab; please report it", file=sys.stderr)
-        return 1
+        return _internal_error(args.command)
     return 0
+
+
+def _internal_error(command: str) -> int:
+    traceback.print_exc()
+    print(f"attnlab {command}: internal error: the traceback above is a bug in attnlab; "
+          "please report it", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

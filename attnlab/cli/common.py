@@ -37,6 +37,13 @@ def add_model_arg(p: argparse.ArgumentParser, what: str, required: bool = True,
     p.add_argument("--model", required=required, default=default, help=what)
 
 
+def add_out_arg(p: argparse.ArgumentParser, what: str, default: str | None = None,
+                required: bool = False) -> None:
+    """``--out``: where a command writes its result (a run folder, a file)."""
+    shown = f" (default: {default})" if default else ""
+    p.add_argument("--out", default=default, required=required, help=f"{what}{shown}")
+
+
 def add_preset_args(p: argparse.ArgumentParser, default: str, examples: str) -> None:
     """``--preset NAME`` and repeatable ``--set KEY=VALUE`` overrides of its fields."""
     p.add_argument("--preset", default=default, help=f"model preset: {examples} "
@@ -81,11 +88,11 @@ def preset_config(args: argparse.Namespace, arch: str | None = None,
     """``--preset`` with its ``--set`` overrides; with ``arch``, it must be of that
     architecture (``suggestion`` names presets that are)."""
     from attnlab.config import ModelConfig
-    from attnlab.storage import KINDS
+    from attnlab.storage import KIND_NAMES
 
     config = ModelConfig.from_preset(args.preset, **overrides(args))
     if arch is not None and config.arch != arch:
-        raise UsageError(f"--preset {args.preset} is not {KINDS[arch]} model "
+        raise UsageError(f"--preset {args.preset} is not {KIND_NAMES[arch]} model "
                          f"(arch={config.arch!r}); try {suggestion}")
     return config
 
@@ -112,11 +119,16 @@ def runtime(args: argparse.Namespace, say=None) -> tuple[torch.device, str]:
     return device, precision
 
 
-def texts(args: argparse.Namespace, skip_blank: bool = False) -> list[str]:
-    """The positional texts, else standard input one line each; none at all is an error."""
-    found = list(args.text) or [line.rstrip("\n") for line in sys.stdin
-                                if line.strip() or not skip_blank]
-    if not found:
+def texts(args: argparse.Namespace, skip_blank: bool = False, required: bool = True) -> list[str]:
+    """The positional texts, else standard input one line each (``skip_blank``: blank lines
+    left out); with ``required``, none at all is an error."""
+    if args.text:
+        return list(args.text)
+    try:
+        found = [line.rstrip("\n") for line in sys.stdin if line.strip() or not skip_blank]
+    except UnicodeDecodeError as e:
+        raise UsageError(f"standard input is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    if required and not found:
         raise UsageError("no input text (give it as arguments or on stdin)")
     return found
 

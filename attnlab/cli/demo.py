@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.common import UsageError, add_runtime_args, runtime
+from attnlab.cli.common import UsageError, add_out_arg, add_runtime_args, runtime
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -22,7 +22,7 @@ def add_commands(sub) -> None:
     demo = sub.add_parser("demo", help="the main job: numbers EN->DE in a few minutes",
                           description="Train a small translator on English->German number "
                                       "words and report held-out exact match.")
-    demo.add_argument("--out", default="runs/demo")
+    add_out_arg(demo, "the run folder", "runs/demo")
     demo.add_argument("--steps", type=int, default=1500,
                       help="training steps (the learning rate decays to zero at the last)")
     demo.add_argument("--time-budget", type=float,

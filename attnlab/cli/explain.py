@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.cli.common import UsageError
+from attnlab.cli.common import UsageError, add_model_arg, add_out_arg
 from attnlab.errors import AttnlabError
 
 
@@ -84,8 +84,8 @@ def add_commands(sub) -> None:
                     "scaling, mask, softmax, weighted sum, heads, W_O, residual + norm, "
                     "feed-forward) for one layer and head, with computed checks.")
     ex.add_argument("sentence", nargs="?", help="the sentence to follow")
-    ex.add_argument("--model", help="minilm, a HF BERT folder or an attnlab run (default: a "
-                                    "freshly initialised tiny model)")
+    add_model_arg(ex, "minilm, a HF BERT folder or an attnlab run (default: a freshly "
+                      "initialised tiny model)", required=False)
     ex.add_argument("--layer", type=int, default=0)
     ex.add_argument("--head", type=int, default=0)
     ex.add_argument("--dims", type=int, default=6, help="columns of each matrix to print")
@@ -104,9 +104,9 @@ def add_commands(sub) -> None:
     pl.add_argument("what", choices=["attention", "cross", "positional", "schedule"])
     pl.add_argument("sentence", nargs="?", default="the cat sat on the mat",
                     help="for attention / cross")
-    pl.add_argument("--model", help="attention: minilm, a HF BERT folder or a run (default: "
-                                    "tiny); cross: a translation run or checkpoint")
-    pl.add_argument("--out", required=True, help="the PNG file to write")
+    add_model_arg(pl, "attention: minilm, a HF BERT folder or a run (default: tiny); cross: a "
+                      "translation run or checkpoint", required=False)
+    add_out_arg(pl, "the PNG file to write", required=True)
     pl.add_argument("--d-model", type=int, default=512)
     pl.add_argument("--max-len", type=int, default=100, help="positional: positions to draw")
     pl.add_argument("--warmup", type=int, default=4000)

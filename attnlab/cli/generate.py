@@ -34,16 +34,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
                          f"in the model's context max_len={context}")
     if args.truncate:
         ids = ids[-(context - args.max_new_tokens):]
-    try:  # before anything is printed; name the flag, not the keyword argument
+    try:  # before anything is printed
         model.config.check_length(len(ids) + args.max_new_tokens,
-                                  f"prompt of {len(ids)} tokens + {args.max_new_tokens} new")
+                                  f"prompt of {len(ids)} tokens + {args.max_new_tokens} new, "
+                                  "a sequence")
+    except ValueError as e:
+        raise UsageError(f"{e} (pass --truncate to keep the prompt's end)") from None
+    try:  # name the flag, not the keyword argument
         check_decoding(torch.tensor([ids]), args.max_new_tokens, args.temperature, args.top_k,
                        args.top_p, args.repetition_penalty)
     except ValueError as e:
-        message = str(e)
-        if "exceeds" in message:
-            raise UsageError(f"{message} (pass --truncate to keep the prompt's end)") from None
-        name, rest = message.split(" ", 1)
+        name, rest = str(e).split(" ", 1)
         raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
     generator = torch.Generator(device=device).manual_seed(args.seed)

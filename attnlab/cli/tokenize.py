@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.cli.common import UsageError
+from attnlab.cli.common import UsageError, add_out_arg
 
 
 def cmd_tokenize_train(args: argparse.Namespace) -> None:
@@ -48,7 +48,7 @@ def add_commands(sub) -> None:
     tr.add_argument("files", nargs="+", help="text files (plain or .gz), one sentence a line")
     tr.add_argument("--vocab-size", type=int, default=8000)
     tr.add_argument("--min-frequency", type=int, default=2)
-    tr.add_argument("--out", default="tokenizer.json", help="where to write tokenizer.json")
+    add_out_arg(tr, "where to write tokenizer.json", "tokenizer.json")
     tr.set_defaults(func=cmd_tokenize_train)
     en = actions.add_parser("encode", help="print the ids of texts",
                             description="Encode texts with a tokenizer.json.")

@@ -7,7 +7,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.cli.common import add_preset_args, add_runtime_args, preset_config, report_run, runtime
+from attnlab.cli.common import (
+    add_model_arg,
+    add_out_arg,
+    add_preset_args,
+    add_runtime_args,
+    preset_config,
+    report_run,
+    runtime,
+)
 
 
 def _train_config(args: argparse.Namespace, schedule, **fields):
@@ -46,11 +54,11 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
     if distributed.rank_and_world()[0] == 0:
         model = done.model
         if args.average_last > 1:
-            from attnlab.storage import load_model_dir
+            from attnlab.storage import load
             from attnlab.training.checkpoint import write_average
 
             folder, used = write_average(args.out, args.average_last)
-            model = load_model_dir(folder)[0]
+            model = load(folder).model
             lines.append(f"averaged the last {len(used)} checkpoints into {folder}")
         if corpus.test and args.evaluate:
             from attnlab.generation import exact_match
@@ -124,7 +132,7 @@ def _run_args(p: argparse.ArgumentParser, out: str, steps: int, save_every: int 
     """Options every trainer has: length, output folder, resuming, device, seed."""
     p.add_argument("--steps", type=int, default=steps, help=f"optimizer steps (default: {steps})")
     p.add_argument("--time-budget", type=float, help="stop after this many seconds")
-    p.add_argument("--out", default=out, help=f"output folder (default: {out})")
+    add_out_arg(p, "the run folder", out)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--save-every", type=int, default=save_every,
                    help=f"steps between checkpoints (default: {save_every})")
@@ -231,7 +239,7 @@ def add_commands(sub) -> None:
     avg = sub.add_parser("average", help="average the last checkpoints of a run",
                          description="Average the weights of a run's last N checkpoints (the "
                                      "paper averaged the last 5) into a model folder.")
-    avg.add_argument("--model", required=True, help="run folder (with checkpoints/)")
+    add_model_arg(avg, "a run folder (with checkpoints/)")
     avg.add_argument("--last", type=int, default=5)
-    avg.add_argument("--out", help="output folder (default: RUN/final)")
+    add_out_arg(avg, "the model folder to write (default: RUN/final)")
     avg.set_defaults(func=cmd_average)

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from attnlab.cli.common import add_model_arg, add_runtime_args, runtime
+from attnlab.cli.common import add_model_arg, add_out_arg, add_runtime_args, runtime, texts
 
 
 def _translator(args: argparse.Namespace, command: str):
@@ -25,7 +24,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
     from attnlab.generation.translation import translate
 
     loaded, device, precision = _translator(args, "translate")
-    sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
+    sentences = texts(args, required=False)
     with hardware.autocast(device, precision):
         hyps = translate(loaded.model, loaded.tokenizers["source"], loaded.tokenizers["target"],
                          sentences)
@@ -88,6 +87,6 @@ def add_commands(sub) -> None:
     ev.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty α")
     ev.add_argument("--batch", type=int, default=64, help="sentences per batch")
     ev.add_argument("--limit", type=int, help="only the first N sentences")
-    ev.add_argument("--out", help="write the translations here")
+    add_out_arg(ev, "write the translations to this file")
     add_runtime_args(ev)
     ev.set_defaults(func=cmd_evaluate)

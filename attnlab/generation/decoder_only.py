@@ -72,7 +72,8 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     model.eval()
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens
-    model.config.check_length(total, f"prompt of {prompt_len} tokens + {max_new_tokens} new")
+    model.config.check_length(total, f"prompt of {prompt_len} tokens + {max_new_tokens} new, "
+                                     "a sequence")
     cache = model.new_cache(capacity=total)
     mask = attention_mask
     if mask is not None:

@@ -92,7 +92,10 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     files = [single] if single.exists() else []
     if not files and index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
+            raise BadInput(f"{index}: not a safetensors index ({e})") from None
         files = [folder / s for s in shards]
     if not files:
         raise MissingFile(f"{folder}: no model.safetensors (pickled .bin files are not "

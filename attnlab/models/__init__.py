@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
 from attnlab.models.bert import BERT, mean_pool
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
@@ -18,7 +19,7 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {"encoder-decoder": Transformer, "de
 def build_model(config: ModelConfig) -> nn.Module:
     """The model class the config's ``arch`` names."""
     if config.arch not in ARCHITECTURES:
-        raise ValueError(f"config field arch={config.arch!r}: no model family implements it yet")
+        raise BadInput(f"config field arch={config.arch!r}: no model family implements it yet")
     return ARCHITECTURES[config.arch](config)
 
 

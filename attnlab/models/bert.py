@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
 from attnlab.nn import Encoder, LayerNorm, TokenEmbedding, build_norm, build_positional
 from attnlab.nn.feedforward import ACTIVATIONS
 
@@ -51,9 +52,9 @@ class BERT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         if config.arch != "encoder":
-            raise ValueError(f"BERT needs arch='encoder', got {config.arch!r}")
+            raise BadInput(f"BERT needs arch='encoder', got {config.arch!r}")
         if config.activation == "swiglu":
-            raise ValueError("config field activation='swiglu' is not supported by BERT")
+            raise BadInput("config field activation='swiglu' is not supported by BERT")
         self.config = config
         d = config.d_model
         self.embed = TokenEmbedding(config.vocab_size, d, config.scale_embeddings, init_std=0.02)

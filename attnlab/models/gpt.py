@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
 from attnlab.nn import DecoderOnly, SelfAttentionCache, TokenEmbedding, build_positional
 
 
@@ -27,7 +28,7 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         if config.arch != "decoder":
-            raise ValueError(f"GPT needs arch='decoder', got {config.arch!r}")
+            raise BadInput(f"GPT needs arch='decoder', got {config.arch!r}")
         self.config = config
         self.embed = TokenEmbedding(config.vocab_size, config.d_model, config.scale_embeddings,
                                     init_std=0.02)

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
 from attnlab.nn import (
     Decoder,
     DecoderCache,
@@ -34,7 +35,7 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         if config.arch != "encoder-decoder":
-            raise ValueError(f"Transformer needs arch='encoder-decoder', got {config.arch!r}")
+            raise BadInput(f"Transformer needs arch='encoder-decoder', got {config.arch!r}")
         self.config = config
         d = config.d_model
         self.src_embed = TokenEmbedding(config.vocab_size, d, config.scale_embeddings)

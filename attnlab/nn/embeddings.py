@@ -16,6 +16,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import BadInput
+
 
 class TokenEmbedding(nn.Module):
     """``E[ids] · scale`` with ``scale = √d_model`` when ``scale_by_sqrt_d`` is set, else 1."""
@@ -36,7 +38,7 @@ class TokenEmbedding(nn.Module):
         if not ids.is_cuda and ids.numel() and (
             int(ids.max()) >= self.vocab_size or int(ids.min()) < 0
         ):
-            raise ValueError(
+            raise BadInput(
                 f"token ids must lie in [0, {self.vocab_size}); "
                 f"got {int(ids.min())}..{int(ids.max())}"
             )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.errors import BadInput
+
 ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,  # the exact erf form (BERT)
@@ -33,7 +35,7 @@ class FeedForward(nn.Module):
     ):
         super().__init__()
         if activation != "swiglu" and activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}")
+            raise BadInput(f"unknown activation {activation!r}")
         self.activation = activation
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None

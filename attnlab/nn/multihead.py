@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.errors import BadInput
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.cache import KVCache
 from attnlab.nn.positional import PositionalEncoding
@@ -47,9 +48,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         num_kv_heads = n_heads if num_kv_heads is None else num_kv_heads
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+            raise BadInput(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if n_heads % num_kv_heads:
-            raise ValueError(f"n_heads={n_heads} is not divisible by num_kv_heads={num_kv_heads}")
+            raise BadInput(f"n_heads={n_heads} is not divisible by num_kv_heads={num_kv_heads}")
         self.n_heads, self.num_kv_heads = n_heads, num_kv_heads
         self.d_k = d_model // n_heads
         self.q_dim, self.kv_dim = n_heads * self.d_k, num_kv_heads * self.d_k

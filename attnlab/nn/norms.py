@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.errors import BadInput
+
 
 class LayerNorm(nn.LayerNorm):
     """``torch.nn.LayerNorm`` (its fused kernel) with an optional bias: ``(..., d) -> (..., d)``."""
@@ -52,7 +54,7 @@ def build_norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Mod
         return LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rmsnorm":
         return RMSNorm(d_model, eps=eps)
-    raise ValueError(f"unknown norm {kind!r}")
+    raise BadInput(f"unknown norm {kind!r}")
 
 
 class Residual(nn.Module):

@@ -21,6 +21,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import BadInput
+
 
 def positions_from(offset: int, length: int, device: torch.device | str | None = None) -> Tensor:
     """Positions ``offset, ..., offset + length - 1`` as a ``(length,)`` long tensor."""
@@ -86,7 +88,7 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.max() >= self.pe.shape[0]:
-            raise ValueError(
+            raise BadInput(
                 f"position {int(positions.max())} exceeds the encoding's max_len "
                 f"{self.pe.shape[0]}"
             )
@@ -103,7 +105,7 @@ class LearnedPositionalEncoding(PositionalEncoding):
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.max() >= self.weight.shape[0]:
-            raise ValueError(
+            raise BadInput(
                 f"position {int(positions.max())} exceeds the "
                 f"{self.weight.shape[0]} learned positions"
             )
@@ -120,7 +122,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
     def __init__(self, d_k: int, max_len: int = 4096, base: float = 10000.0):
         super().__init__()
         if d_k % 2:
-            raise ValueError(f"RoPE needs an even head dimension, got d_k={d_k}")
+            raise BadInput(f"RoPE needs an even head dimension, got d_k={d_k}")
         inv_freq = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
         angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, d_k/2)
         angles = torch.cat([angles, angles], dim=-1)
@@ -129,7 +131,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     def _rotate_one(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.max() >= self.cos.shape[0]:
-            raise ValueError(
+            raise BadInput(
                 f"position {int(positions.max())} exceeds RoPE max_len {self.cos.shape[0]}"
             )
         cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
@@ -189,4 +191,4 @@ def build_positional(kind: str, d_model: int, n_heads: int, max_len: int, rope_b
         return ALiBiPositionalEncoding(n_heads)
     if kind == "none":
         return NoPositionalEncoding()
-    raise ValueError(f"unknown positional encoding {kind!r}")
+    raise BadInput(f"unknown positional encoding {kind!r}")

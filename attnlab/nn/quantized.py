@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import BadInput
+
 _COMPUTE = torch.bfloat16
 
 
@@ -37,9 +39,9 @@ class Int4Linear(nn.Module):
                  bias: bool = False):
         super().__init__()
         if not fits_int4(in_features, out_features, group_size):
-            raise ValueError(f"Int4Linear({in_features} -> {out_features}): in_features must be "
-                             f"a multiple of group_size={group_size} and out_features of 16 "
-                             "(the packed kernel's tiles)")
+            raise BadInput(f"Int4Linear({in_features} -> {out_features}): in_features must be "
+                           f"a multiple of group_size={group_size} and out_features of 16 "
+                           "(the packed kernel's tiles)")
         self.in_features, self.out_features = in_features, out_features
         self.group_size = group_size
         self.register_buffer("codes", torch.zeros(out_features, in_features // 2,

@@ -90,7 +90,10 @@ class WordPieceTokenizer(Tokenizer):
         lowercase = True
         config = path.parent / "tokenizer_config.json"
         if config.exists():
-            lowercase = bool(json.loads(config.read_text()).get("do_lower_case", True))
+            try:
+                lowercase = bool(json.loads(config.read_text()).get("do_lower_case", True))
+            except json.JSONDecodeError as e:
+                raise BadInput(f"{config}:{e.lineno}: invalid JSON ({e.msg})") from None
         tokens = path.read_text(encoding="utf-8").splitlines()
         return cls.from_vocab(tokens, lowercase=lowercase)
 
@@ -121,8 +124,9 @@ class WordPieceTokenizer(Tokenizer):
         return ([self.cls_id] if add_bos else []) + ids + ([self.sep_id] if add_eos else [])
 
     def encode_single(self, text: str) -> list[int]:
-        """``[CLS] text [SEP]``: one sequence as BERT sees it."""
-        return self.encode(text, add_bos=True, add_eos=True)
+        """One sequence as BERT sees it, ``[CLS] text [SEP]``, framed by the vocabulary's own
+        template (as :meth:`batch` and :meth:`encode_pair` are)."""
+        return self.backend.encode(text).ids
 
     def encode_pair(self, a: str, b: str) -> tuple[list[int], list[int]]:
         """``[CLS] a [SEP] b [SEP]`` and its token types."""

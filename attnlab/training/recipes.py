@@ -72,7 +72,9 @@ class TrainedRun:
 
 
 class Recipe:
-    """A family's part of :func:`run`."""
+    """A family's part of :func:`run`; ``arch`` is the architecture it trains."""
+
+    arch = ""
 
     def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
         raise NotImplementedError
@@ -94,6 +96,9 @@ def run(recipe: Recipe, out_dir: str | Path, model_config: ModelConfig,
         raise BadInput(f"{out_dir} already holds checkpoints: pass --resume to continue that "
                        "run, or choose another --out")
     prepared = recipe.prepare(model_config, train_config)
+    if prepared.config.arch != recipe.arch:
+        raise BadInput(f"{type(recipe).__name__} trains arch={recipe.arch!r}, not "
+                       f"arch={prepared.config.arch!r}")
     if rank == 0:
         log(f"data: {prepared.summary}")
     torch.manual_seed(train_config.seed)  # the same initial weights for the same seed
@@ -115,6 +120,7 @@ class TranslationRecipe(Recipe):
     both sides) gives the paper's setup: one vocabulary and one embedding matrix for source,
     target and output; otherwise each side learns its own word or character vocabulary."""
 
+    arch = "encoder-decoder"
     corpus: Corpus
     src_tokenizer: str = "word"
     tgt_tokenizer: str = "char"
@@ -130,8 +136,6 @@ class TranslationRecipe(Recipe):
             tgt_tok = TOKENIZERS[self.tgt_tokenizer].train(t for _, t in self.corpus.train)
             config = dataclasses.replace(model_config, vocab_size=src_tok.vocab_size,
                                          tgt_vocab_size=tgt_tok.vocab_size)
-        if config.arch != "encoder-decoder":
-            raise BadInput(f"translation needs an encoder-decoder, not arch={config.arch!r}")
         src, tgt, report = filter_by_length(
             [src_tok.encode(s, add_eos=True) for s, _ in self.corpus.train],
             [tgt_tok.encode(t, add_bos=True, add_eos=True) for _, t in self.corpus.train],
@@ -150,6 +154,7 @@ class TranslationRecipe(Recipe):
 class LMRecipe(Recipe):
     """A text file: the first ``1 - val_fraction`` trains, the rest validates."""
 
+    arch = "decoder"
     text: str | Path
     block: int
     batch_size: int
@@ -188,6 +193,7 @@ class MLMRecipe(Recipe):
     ``val_fraction`` of lines validate. ``tokenizer``: a ``vocab.txt`` / ``tokenizer.json`` /
     model folder; by default a WordPiece vocabulary of ``vocab_size`` is learned."""
 
+    arch = "encoder"
     text: str | Path
     max_len: int = 128
     batch_size: int = 32
@@ -229,6 +235,7 @@ class ClassifyRecipe(Recipe):
     stopping on validation loss keeps the best model, saved in ``out_dir/final``. Results:
     accuracy and macro-F1 on the validation and test splits."""
 
+    arch = "encoder"
     data: str | Path
     text_field: str
     label_field: str

@@ -73,7 +73,10 @@ def test_parameter_total_equals_the_built_models(capsys, preset, kind):
 @pytest.mark.parametrize("args, names", [
     (["--set", "no_such_field=1"], ["no_such_field"]),
     (["--hardware", "--device", "gpu9"], ["--device gpu9"]),
-], ids=["unknown-field", "unknown-device"])
+    (["--preset", "tiny", "--set", "positional=rope", "--set", "d_model=36", "--set",
+      "n_heads=4"], ["positional='rope'", "d_k"]),
+    (["--preset", "bert-tiny", "--set", "activation=swiglu"], ["swiglu"]),
+], ids=["unknown-field", "unknown-device", "rope-odd-head-width", "bert-swiglu"])
 def test_bad_input(capsys, args, names):
     r = cli(capsys, "info", *args)
     assert_bad_input(r, *names)

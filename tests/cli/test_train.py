@@ -59,6 +59,14 @@ def test_train_mlm_refuses_a_decoder_preset(capsys, mlm_run, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_train_translate_refuses_a_decoder_preset(capsys, tmp_path):
+    """The same preset/architecture check as train lm and train mlm."""
+    r = cli(capsys, "train", "translate", "--task", "numbers", "--n-train", "50", "--preset",
+            "gpt-mini", "--out", tmp_path / "run", "--no-progress", "--device", "cpu")
+    assert_bad_input(r, "--preset gpt-mini")
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_mlm_missing_text_file_is_named(capsys, tmp_path):
     missing = tmp_path / "nope.txt"
     r = cli(capsys, "train", "mlm", "--text", missing, "--preset", "bert-tiny", "--out",

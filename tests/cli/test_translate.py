@@ -19,6 +19,11 @@ Here: a missing model folder (translate), a run without checkpoints (average, wi
 one-line contract) and an ``--out`` that cannot be created (evaluate, average).
 """
 
+import io
+
+import torch
+
+from attnlab import ModelConfig, Transformer, save_pretrained
 from tests.cli.helpers import assert_bad_input, cli, not_a_folder
 
 
@@ -50,3 +55,23 @@ def test_evaluate_out_that_cannot_be_created_is_named(capsys, tmp_path, translat
             "--ref", tmp_path / "ref.de", "--beam", "1", "--out", out, "--device", "cpu",
             "--precision", "fp32")
     assert_bad_input(r, str(out.parent))
+
+
+def test_translate_a_hugging_face_folder_without_tokenizers_is_named(capsys, tmp_path):
+    """A MarianMTModel folder loads as a model, but its SentencePiece tokenizer is not read."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset(
+        "tiny", vocab_size=32, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+        n_decoder_layers=1, positional="sinusoidal-split", output_bias=True, pad_id=0, unk_id=0,
+        bos_id=0,
+        eos_id=1))
+    save_pretrained(model, tmp_path / "marian")
+    r = cli(capsys, "translate", "--model", tmp_path / "marian", "--device", "cpu", "ein Satz")
+    assert_bad_input(r, str(tmp_path / "marian"), "tokenizer")
+
+
+def test_translate_stdin_that_is_not_utf8_is_named(capsys, monkeypatch, translation_run):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"forty-two\n\xff\xfe\n"),
+                                                      encoding="utf-8"))
+    r = cli(capsys, "translate", "--model", translation_run.path, "--device", "cpu")
+    assert_bad_input(r, "standard input")
