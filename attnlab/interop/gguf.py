@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from attnlab.config import ModelConfig
-from attnlab.errors import BadInput, MissingFile
+from attnlab.errors import BadInput, MissingDependency, MissingFile
 from attnlab.models import GPT
 
 _LAYER = {
@@ -33,7 +33,8 @@ def _reader(path: Path):
     try:
         import gguf
     except ImportError:
-        raise ImportError("reading GGUF needs the 'gguf' package: pip install gguf") from None
+        raise MissingDependency(f"{path}: reading GGUF needs the 'gguf' package "
+                                "(pip install 'attnlab[gguf]')") from None
     if not path.exists():
         raise MissingFile(f"GGUF file not found: {path}")
     try:

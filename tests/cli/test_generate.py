@@ -10,6 +10,8 @@ Covered elsewhere, not repeated here:
   prompt longer than the context).
 """
 
+import sys
+
 from tests.cli.helpers import assert_bad_input, cli
 
 
@@ -27,3 +29,11 @@ def test_an_encoder_only_model_is_refused(capsys, mlm_run):
     line = assert_bad_input(r)
     assert str(mlm_run.path) in line or "encoder" in line, line
     assert r.out == ""  # refused before the prompt is echoed
+
+
+def test_a_gguf_file_without_the_gguf_package_is_named(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` now raises ImportError
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    r = cli(capsys, "generate", "--model", model, "--prompt", "hi", "--device", "cpu")
+    assert_bad_input(r, str(model), "attnlab[gguf]")
