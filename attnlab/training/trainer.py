@@ -31,10 +31,11 @@ from torch import nn
 from attnlab import hardware
 from attnlab.config import check_at_least
 from attnlab.data.stream import to_device
-from attnlab.errors import AttnlabError, BadInput
-from attnlab.storage import list_checkpoints, load_weights, save_model_dir
+from attnlab.errors import AttnlabError, BadInput, Stopped, WriteFailed
+from attnlab.storage import list_checkpoints, load_weights, remove_temporaries, save_model_dir
 from attnlab.training import distributed
 from attnlab.training.checkpoint import load_trainer_state, save_checkpoint
+from attnlab.training.guard import StopSignals
 from attnlab.training.schedule import NoamSchedule, schedule_from_dict, schedule_to_dict
 from attnlab.training.tasks import evaluate
 
@@ -80,17 +81,26 @@ class TrainConfig:
         hardware.precision_name(self.precision)  # an unknown name is a named error here
 
 
+_FAULT_SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
+
+
 def _fault_hook():
-    """Fault injection for the interruption tests: ATTNLAB_FAULT="kill@step:N" or
-    "kill@checkpoint:N" sends SIGKILL to this process at that point."""
+    """Fault injection for the interruption tests: ATTNLAB_FAULT="SIG@POINT:N[,...]" sends
+    this process SIG (kill, term or int) at POINT (``step``: after optimizer step N;
+    ``checkpoint``: while writing step N's checkpoint), e.g. "term@step:6,term@checkpoint:6"."""
     spec = os.environ.get("ATTNLAB_FAULT")
     if not spec:
         return None
-    where, step = spec.removeprefix("kill@").split(":")
+    faults = []
+    for item in spec.split(","):
+        sig, _, rest = item.partition("@")
+        where, _, step = rest.partition(":")
+        faults.append((_FAULT_SIGNALS[sig], where, int(step)))
 
     def fault(point: str, current: int) -> None:
-        if point == where and current == int(step):
-            os.kill(os.getpid(), signal.SIGKILL)
+        for sig, where, step in faults:
+            if point == where and current == step:
+                os.kill(os.getpid(), sig)
 
     return fault
 
@@ -155,10 +165,16 @@ class Trainer:
         }
 
     def save(self) -> Path | None:
+        """Write this step's checkpoint (rank 0); a failed write names the last good one."""
         if not self.is_main:
             return None
-        return save_checkpoint(self.ckpt_dir, self.step, self.model, self.model_config,
-                               self.tokenizers, self.state(), self.cfg.keep_last, self.fault)
+        try:
+            return save_checkpoint(self.ckpt_dir, self.step, self.model, self.model_config,
+                                   self.tokenizers, self.state(), self.cfg.keep_last, self.fault)
+        except WriteFailed as e:
+            kept = list_checkpoints(self.ckpt_dir)
+            raise WriteFailed(f"{e}; training stopped at step {self.step}, last good checkpoint: "
+                              f"{kept[-1] if kept else 'none written yet'}") from None
 
     def resume(self) -> bool:
         """Continue from the newest checkpoint in ``out_dir``; False if there is none."""
@@ -259,38 +275,48 @@ class Trainer:
         # A fresh run starts a new metrics file; a resumed one appends (resume() trimmed it).
         mode = "w" if self.step == 0 else "a"
         metrics = open(self.metrics_path, mode) if self.is_main else None
+        if self.is_main:
+            remove_temporaries(self.ckpt_dir)  # left by a write that was killed
         try:
-            while self.step < self.cfg.steps:
-                row = self.train_step(data_iter)
-                if self.fault is not None:
-                    self.fault("step", self.step)
-                elapsed = time.perf_counter() - start
-                tokens += row["src_tokens"] + row["tgt_tokens"]
-                row.update(step=self.step, time=elapsed, tokens_per_s=tokens / elapsed)
-                if self.val_batches and self.cfg.eval_every and (
-                        self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
-                    row["val_loss"] = evaluate(self.model, self.task, self.val_batches,
-                                               self.device, self.precision)
-                    stop_early = self._track_best(row["val_loss"])
-                else:
-                    stop_early = False
-                history.append(row)
-                if metrics is not None:
-                    metrics.write(json.dumps(row) + "\n")
-                    metrics.flush()
-                bar.update(1)
-                if self.step % self.cfg.log_every == 0:
-                    bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
-                                    tok_s=f"{row['tokens_per_s']:.0f}")
-                budget_over = self.cfg.time_budget is not None and distributed.any_true(
-                    elapsed >= self.cfg.time_budget)
-                if self.step % self.cfg.save_every == 0 or budget_over or stop_early:
+            with StopSignals() as stop:
+                while self.step < self.cfg.steps:
+                    row = self.train_step(data_iter)
+                    if self.fault is not None:
+                        self.fault("step", self.step)
+                    elapsed = time.perf_counter() - start
+                    tokens += row["src_tokens"] + row["tgt_tokens"]
+                    row.update(step=self.step, time=elapsed, tokens_per_s=tokens / elapsed)
+                    if self.val_batches and self.cfg.eval_every and (
+                            self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
+                        row["val_loss"] = evaluate(self.model, self.task, self.val_batches,
+                                                   self.device, self.precision)
+                        stop_early = self._track_best(row["val_loss"])
+                    else:
+                        stop_early = False
+                    history.append(row)
+                    if metrics is not None:
+                        metrics.write(json.dumps(row) + "\n")
+                        metrics.flush()
+                    bar.update(1)
+                    if self.step % self.cfg.log_every == 0:
+                        bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
+                                        tok_s=f"{row['tokens_per_s']:.0f}")
+                    budget_over = self.cfg.time_budget is not None and distributed.any_true(
+                        elapsed >= self.cfg.time_budget)
+                    signalled = distributed.any_true(stop.signum is not None)
+                    if (self.step % self.cfg.save_every == 0 or budget_over or stop_early
+                            or signalled):
+                        saved = self.save()
+                    if signalled:  # the step is finished and saved: stop as asked
+                        signum = stop.signum or signal.SIGTERM  # (another rank's signal)
+                        raise Stopped(f"{signal.Signals(signum).name} at step {self.step}; "
+                                      f"checkpoint {saved or self.ckpt_dir} (continue with "
+                                      "--resume)", signum)
+                    if budget_over or stop_early:
+                        break
+                saved = list_checkpoints(self.ckpt_dir)
+                if not saved or saved[-1].name != f"step-{self.step:08d}":
                     self.save()
-                if budget_over or stop_early:
-                    break
-            saved = list_checkpoints(self.ckpt_dir)
-            if not saved or saved[-1].name != f"step-{self.step:08d}":
-                self.save()
         finally:
             bar.close()
             if metrics is not None:
