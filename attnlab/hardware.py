@@ -221,6 +221,26 @@ def use_threads() -> int:
 
 
 # --- device and precision ----------------------------------------------------------------
+def available_memory() -> int | None:
+    """Bytes of memory this process may still allocate: the system's available memory
+    (``MemAvailable``), capped by a cgroup v2 limit (containers); None where unknown."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
 def mps_available() -> bool:
     """Apple's Metal backend is built in and usable on this machine."""
     return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())

@@ -20,7 +20,7 @@ LAYERS = [
     {"hardware", "config", "params"},
     {"nn", "tokenizers"},
     {"models"},
-    {"interop", "storage"},
+    {"interop", "storage", "bounds"},
     {"data", "generation", "encoding", "viz", "explain", "training"},
     {"demo"},
     {"cli"},

@@ -12,6 +12,7 @@ llama.cpp's converter reorders the rows of W_Q and W_K from the "rotate half" Ro
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,23 @@ _LAYER = {
 }
 
 
+def _check_header(path: Path) -> None:
+    """The fixed header (magic, version, tensor and metadata counts) against the file's size:
+    a tensor info takes at least 33 bytes and a metadata entry 13, so counts a file cannot
+    hold are refused before any reader allocates for them."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if len(head) < 24 or head[:4] != b"GGUF":
+        raise BadInput(f"{path}: not a GGUF file (no GGUF header)")
+    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:])
+    if version not in (2, 3):
+        raise BadInput(f"{path}: GGUF version {version} is not supported (2 or 3)")
+    if n_tensors * 33 > size or n_kv * 13 > size:
+        raise BadInput(f"{path}: the header claims {n_tensors:,} tensors and {n_kv:,} metadata "
+                       f"entries, more than a file of {size:,} bytes can hold")
+
+
 def _reader(path: Path):
     try:
         import gguf
@@ -37,6 +55,7 @@ def _reader(path: Path):
                                 "(pip install 'attnlab[gguf]')") from None
     if not path.exists():
         raise MissingFile(f"GGUF file not found: {path}")
+    _check_header(path)
     try:
         return gguf, gguf.GGUFReader(str(path))
     except Exception as e:  # the reader raises several types on damaged files
@@ -54,7 +73,7 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
-def gguf_config(reader, path: Path) -> ModelConfig:
+def _read_config(reader, path: Path) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise BadInput(f"{path}: general.architecture={arch!r} is not supported (only 'llama')")
@@ -79,6 +98,43 @@ def gguf_config(reader, path: Path) -> ModelConfig:
         eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id", 2)),
         extra={"hf_model_type": "llama"},
     )
+
+
+def gguf_config(reader, path: Path) -> ModelConfig:
+    """The model config from the file's metadata; missing or malformed fields are named."""
+    try:
+        return _read_config(reader, path)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        if isinstance(e, BadInput):
+            raise
+        raise BadInput(f"{path}: missing or malformed metadata ({type(e).__name__}: {e})") from None
+
+
+def our_name(name: str) -> str:
+    """The attnlab parameter a GGUF tensor holds."""
+    fixed = {"token_embd.weight": "embed.weight", "output_norm.weight": "blocks.norm.weight",
+             "output.weight": "lm_head.weight"}
+    if name in fixed:
+        return fixed[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER:
+        return f"blocks.layers.{parts[1]}.{_LAYER[parts[2]]}"
+    raise BadInput(f"tensor {name!r} is not part of a Llama model")
+
+
+def check_tensors(reader, config: ModelConfig, path: Path) -> None:
+    """Every tensor's shape (from its info, not its data) against the model the metadata
+    describes, after the parameter count against the file's size and the memory."""
+    from attnlab import bounds
+
+    bounds.check_affordable(config, path, path.stat().st_size, min_bytes=0.5)
+    found = {}
+    for t in reader.tensors:
+        try:
+            found[our_name(t.name)] = tuple(int(d) for d in reversed(t.shape))
+        except BadInput as e:
+            raise BadInput(f"{path}: {e}") from None
+    bounds.check_shapes(bounds.expected_shapes(bounds.skeleton(config)), found, path)
 
 
 def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -106,6 +162,7 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
     path = Path(path)
     gguf, reader = _reader(path)
     config = gguf_config(reader, path)
+    check_tensors(reader, config, path)
     state, int4 = {}, {}
     for t in reader.tensors:
         if quantized and t.tensor_type == gguf.GGMLQuantizationType.Q4_1:

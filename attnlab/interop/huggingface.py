@@ -87,19 +87,27 @@ def family_of(hf: dict, folder: Path) -> Family:
     return FAMILIES[model_type]
 
 
-def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """``model.safetensors`` or the shards named by ``model.safetensors.index.json``."""
+def hf_weight_files(folder: Path) -> list[Path]:
+    """``model.safetensors``, or the shards that ``model.safetensors.index.json`` names."""
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    files = [single] if single.exists() else []
-    if not files and index.exists():
+    if single.exists():
+        return [single]
+    if index.exists():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
             raise BadInput(f"{index}: not a safetensors index ({e})") from None
-        files = [folder / s for s in shards]
-    if not files:
-        raise MissingFile(f"{folder}: no model.safetensors (pickled .bin files are not "
-                          "loaded: they can run arbitrary code)")
+        files = [folder / str(s) for s in shards]
+        for f in files:
+            if f.parent != folder or not f.is_file():
+                raise MissingFile(f"{index}: names a shard {f.name!r} that is not in {folder}")
+        return files
+    raise MissingFile(f"{folder}: no model.safetensors (pickled .bin files are not "
+                      "loaded: they can run arbitrary code)")
+
+
+def read_hf_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    """All tensors of the safetensors files."""
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -107,6 +115,29 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError) as e:
             raise BadInput(f"{f}: truncated or corrupted safetensors file ({e})") from None
     return weights
+
+
+def check_hf_weights(family: Family, config: ModelConfig, files: list[Path],
+                     folder: Path) -> None:
+    """The checkpoint's size and every tensor's shape against the config, before loading."""
+    from attnlab import bounds
+
+    bounds.check_affordable(config, folder, sum(f.stat().st_size for f in files))
+    model = bounds.skeleton(config)
+    ours_shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+    found = bounds.safetensors_shapes(files)
+    tied = _tied_names(model)
+    for ours, theirs, transform in _layer_rows(family.weights(config), config):
+        shape = ours_shapes[ours]
+        expect = (1, *shape) if transform == "row" else shape[::-1] if transform else shape
+        name = next((n for n in [theirs, *family.alternatives(theirs)] if n in found), None)
+        if name is None:
+            if ours in tied:
+                continue  # stored once, as the embedding
+            raise BadInput(f"{folder}: weight {theirs!r} missing from the checkpoint")
+        if found[name] != tuple(expect):
+            raise BadInput(f"{folder}: weight {name!r} is {found[name]} in the checkpoint but "
+                           f"{tuple(expect)} in the model its config.json describes")
 
 
 def _layer_rows(table, config: ModelConfig):
@@ -140,7 +171,9 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
         raise BadInput(f"{folder / 'config.json'}: missing field {e}") from None
     except (TypeError, ValueError) as e:  # the families say what; this says which file
         raise BadInput(f"{folder / 'config.json'}: {e}") from None
-    weights = read_hf_weights(folder)
+    files = hf_weight_files(folder)
+    check_hf_weights(family, config, files, folder)
+    weights = read_hf_weights(files)
     model = build_model(config)
     tied = _tied_names(model)
     state: dict[str, torch.Tensor] = {}

@@ -1,0 +1,112 @@
+"""Untrusted model files are checked before anything is allocated.
+
+A config file decides how much memory the model takes, and a config can lie: 10^7 layers beside
+a weights file of a few kilobytes. Before a model is built, three checks run, each cheap:
+
+1. **Size**: the parameter count P the config describes, from models of one and two layers
+   built on the ``meta`` device (no memory; every family is linear in its layer counts):
+
+       P = P(1, 1) + (L_enc − 1)·ΔP_enc + (L_dec − 1)·ΔP_dec
+
+   must fit the weights file, at ``min_bytes`` bytes a parameter (1 for safetensors, which
+   stores at least a byte a number; 0.5 for 4-bit GGUF), and 4·P bytes (float32) must fit
+   the memory this process may use.
+2. **Shapes**: the whole model built on ``meta``, its tensors' names and shapes compared with
+   the file's header (safetensors header, GGUF tensor infos), read without the data. The
+   first tensor that differs is named.
+3. Only then is the model built for real and its weights read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from attnlab import hardware
+from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
+from attnlab.models import build_model
+
+GB = 2**30
+
+
+def skeleton(config: ModelConfig) -> nn.Module:
+    """The model the config describes, on the ``meta`` device: shapes, no memory."""
+    with torch.device("meta"):
+        return build_model(config)
+
+
+def parameters_of(config: ModelConfig) -> int:
+    """The parameter count of ``build_model(config)``, without building its layers."""
+    def count(n_enc: int, n_dec: int) -> int:
+        small = dataclasses.replace(config, n_encoder_layers=n_enc, n_decoder_layers=n_dec)
+        return sum(p.numel() for p in skeleton(small).parameters())
+
+    enc, dec = min(config.n_encoder_layers, 1), min(config.n_decoder_layers, 1)
+    base = count(enc, dec)
+    per_enc = count(enc + 1, dec) - base if enc else 0
+    per_dec = count(enc, dec + 1) - base if dec else 0
+    return (base + max(config.n_encoder_layers - 1, 0) * per_enc
+            + max(config.n_decoder_layers - 1, 0) * per_dec)
+
+
+def check_affordable(config: ModelConfig, where: str | os.PathLike, file_bytes: int | None,
+                     min_bytes: float = 1.0, bytes_per_parameter: int = 4,
+                     what: str = "the model") -> int:
+    """Refuse a config whose parameters cannot be in a file of ``file_bytes`` or cannot fit the
+    available memory at ``bytes_per_parameter``; returns the parameter count."""
+    n = parameters_of(config)
+    if file_bytes is not None and n * min_bytes > file_bytes:
+        raise BadInput(f"{where}: the config describes {n:,} parameters, but the weights hold "
+                       f"only {file_bytes:,} bytes: the config and the weights disagree")
+    need, available = n * bytes_per_parameter, hardware.available_memory()
+    if available is not None and need > available:
+        raise BadInput(f"{where}: {what} needs about {need / GB:.1f} GB ({n:,} parameters at "
+                       f"{bytes_per_parameter} bytes), more than the {available / GB:.1f} GB "
+                       "of memory available")
+    return n
+
+
+def safetensors_shapes(files: Iterable[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape from the headers of safetensors files (no data read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), "pt") as f:
+                for name in f.keys():
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except (SafetensorError, OSError, ValueError) as e:
+            raise BadInput(f"{path}: truncated or corrupted safetensors file ({e})") from None
+    return shapes
+
+
+def expected_shapes(model: nn.Module) -> list[tuple[list[str], tuple[int, ...]]]:
+    """Each distinct tensor of ``model.state_dict()``: its names (tied weights have several)
+    and its shape."""
+    groups: dict[int, tuple[list[str], tuple[int, ...]]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(t), ([], tuple(t.shape)))[0].append(name)
+    return list(groups.values())
+
+
+def check_shapes(expected: list[tuple[list[str], tuple[int, ...]]],
+                 found: dict[str, tuple[int, ...]], where: str | os.PathLike) -> None:
+    """Every expected tensor stored under one of its names with its shape, and nothing else."""
+    known = {name for names, _ in expected for name in names}
+    for name in found:
+        if name not in known:
+            raise BadInput(f"{where}: tensor {name!r} does not belong to the model the config "
+                           "describes")
+    for names, shape in expected:
+        stored = [n for n in names if n in found]
+        if not stored:
+            raise BadInput(f"{where}: tensor {names[0]!r} {shape} is missing")
+        if found[stored[0]] != shape:
+            raise BadInput(f"{where}: tensor {stored[0]!r} is {found[stored[0]]} in the file but "
+                           f"{shape} in the model the config describes")
