@@ -205,8 +205,8 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 
 def load_model_dir(path: str | os.PathLike):
     """``(model, config, tokenizers)`` from a model, checkpoint or run folder, in eval mode."""
-    from attnlab import bounds
-    from attnlab.models import build_model
+    from attnlab import build
+    from attnlab.build import build_model
 
     folder = resolve_model_dir(path)
     config = read_config(folder)
@@ -214,9 +214,9 @@ def load_model_dir(path: str | os.PathLike):
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
     # an untrusted config: bounded by the weights file and memory before anything is built
-    bounds.check_affordable(config, weights, weights.stat().st_size)
-    bounds.check_shapes(bounds.expected_shapes(bounds.skeleton(config)),
-                        bounds.safetensors_shapes([weights]), weights)
+    build.check_affordable(config, weights, weights.stat().st_size)
+    build.check_shapes(build.expected_shapes(build.skeleton(config)),
+                        build.safetensors_shapes([weights]), weights)
     model = build_model(config)
     load_weights(model, folder)
     tok_path = folder / "tokenizers.json"

@@ -20,7 +20,7 @@ LAYERS = [
     {"hardware", "config", "params"},
     {"nn", "tokenizers"},
     {"models"},
-    {"interop", "storage", "bounds"},
+    {"interop", "storage", "build"},
     {"data", "generation", "encoding", "viz", "explain", "training"},
     {"demo"},
     {"cli"},

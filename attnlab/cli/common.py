@@ -133,6 +133,17 @@ def texts(args: argparse.Namespace, skip_blank: bool = False, required: bool = T
     return found
 
 
+def warn_unknown(tokenizer, texts: list[str], what: str) -> None:
+    """One warning naming the symbols of ``texts`` that ``tokenizer`` reads as ``<unk>``."""
+    if not hasattr(tokenizer, "unknown"):  # byte-level BPE knows every byte
+        return
+    missing = list(dict.fromkeys(p for t in texts for p in tokenizer.unknown(t)))
+    if missing:
+        shown = " ".join(repr(p) for p in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        warnings.warn(f"{what}: {len(missing)} symbol(s) not in the model's vocabulary, read as "
+                      f"<unk>: {shown}", stacklevel=2)
+
+
 # --- the report after training ---------------------------------------------------------------
 def report_run(out: str | Path, history: list[dict], what: str = "validation loss",
                lines: list[str] | tuple[str, ...] = (), where: str | None = None) -> None:

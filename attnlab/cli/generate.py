@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnlab.cli.common import UsageError, add_model_arg, add_runtime_args, runtime
+from attnlab.cli.common import (
+    UsageError,
+    add_model_arg,
+    add_runtime_args,
+    runtime,
+    warn_unknown,
+)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -22,6 +28,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     loaded = load(args.model, int4=args.int4).expect("decoder", "generate")
     tok = loaded.tokenizer
     model = for_decoding(loaded.model, device, precision, args.int4)
+    warn_unknown(tok, [args.prompt], "--prompt")
     ids = tok.encode(args.prompt)
     if not ids:  # nothing to condition on: start from the beginning-of-sequence token
         if tok.bos_id is None:

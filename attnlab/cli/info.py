@@ -11,7 +11,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     import torch
 
     from attnlab import hardware
-    from attnlab.models import build_model
+    from attnlab.build import build_model
     from attnlab.params import parameter_breakdown
 
     if args.hardware:

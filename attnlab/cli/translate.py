@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from attnlab.cli.common import add_model_arg, add_out_arg, add_runtime_args, runtime, texts
+from attnlab.cli.common import (
+    add_model_arg,
+    add_out_arg,
+    add_runtime_args,
+    runtime,
+    texts,
+    warn_unknown,
+)
 
 
 def _translator(args: argparse.Namespace, command: str):
@@ -25,6 +32,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
     loaded, device, precision = _translator(args, "translate")
     sentences = texts(args, required=False)
+    warn_unknown(loaded.tokenizers["source"], sentences, "input")
     with hardware.autocast(device, precision):
         hyps = translate(loaded.model, loaded.tokenizers["source"], loaded.tokenizers["target"],
                          sentences)

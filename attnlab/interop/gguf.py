@@ -125,16 +125,16 @@ def our_name(name: str) -> str:
 def check_tensors(reader, config: ModelConfig, path: Path) -> None:
     """Every tensor's shape (from its info, not its data) against the model the metadata
     describes, after the parameter count against the file's size and the memory."""
-    from attnlab import bounds
+    from attnlab import build
 
-    bounds.check_affordable(config, path, path.stat().st_size, min_bytes=0.5)
+    build.check_affordable(config, path, path.stat().st_size, min_bytes=0.5)
     found = {}
     for t in reader.tensors:
         try:
             found[our_name(t.name)] = tuple(int(d) for d in reversed(t.shape))
         except BadInput as e:
             raise BadInput(f"{path}: {e}") from None
-    bounds.check_shapes(bounds.expected_shapes(bounds.skeleton(config)), found, path)
+    build.check_shapes(build.expected_shapes(build.skeleton(config)), found, path)
 
 
 def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

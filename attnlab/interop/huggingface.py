@@ -120,12 +120,12 @@ def read_hf_weights(files: list[Path]) -> dict[str, torch.Tensor]:
 def check_hf_weights(family: Family, config: ModelConfig, files: list[Path],
                      folder: Path) -> None:
     """The checkpoint's size and every tensor's shape against the config, before loading."""
-    from attnlab import bounds
+    from attnlab import build
 
-    bounds.check_affordable(config, folder, sum(f.stat().st_size for f in files))
-    model = bounds.skeleton(config)
+    build.check_affordable(config, folder, sum(f.stat().st_size for f in files))
+    model = build.skeleton(config)
     ours_shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
-    found = bounds.safetensors_shapes(files)
+    found = build.safetensors_shapes(files)
     tied = _tied_names(model)
     for ours, theirs, transform in _layer_rows(family.weights(config), config):
         shape = ours_shapes[ours]
@@ -156,7 +156,7 @@ def _layer_rows(table, config: ModelConfig):
 def from_pretrained(path: str | os.PathLike) -> nn.Module:
     """Load a local Hugging Face folder (or a Llama ``.gguf`` file) into the matching attnlab
     model, in eval mode."""
-    from attnlab.models import build_model
+    from attnlab.build import build_model
 
     if str(path).endswith(".gguf"):
         from attnlab.interop.gguf import load_gguf

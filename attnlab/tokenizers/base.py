@@ -11,7 +11,8 @@ Each subclass registers its ``kind``, so :func:`tokenizer_from_dict` reads any o
 
 Char and word tokenizers learn their vocabulary from text; their special ids are fixed at
 ``pad = 0``, ``unk = 1``, ``bos = 2``, ``eos = 3``, so models and tokenizers agree without
-passing ids around:
+passing ids around. A piece the vocabulary lacks encodes as ``<unk>``; :meth:`unknown` lists
+such pieces, and the commands warn in one line naming them:
 
     char:  "forty-two" -> f o r t y - t w o
     word:  "forty-two" -> forty - two     (decoding re-attaches hyphens and punctuation)
@@ -127,6 +128,11 @@ class VocabTokenizer(Tokenizer):
     @abstractmethod
     def join(self, pieces: list[str]) -> str:
         """Pieces -> text."""
+
+    def unknown(self, text: str) -> list[str]:
+        """The distinct pieces of ``text`` that the vocabulary lacks (they encode as
+        ``<unk>``), in order of appearance."""
+        return list(dict.fromkeys(p for p in self.split(text) if p not in self.index))
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         ids = [self.index.get(p, self.unk_id) for p in self.split(text)]

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab import hardware
+from attnlab import build, hardware
+from attnlab.build import build_model
 from attnlab.config import ModelConfig
 from attnlab.data import (
     Corpus,
@@ -35,7 +36,6 @@ from attnlab.data import (
     read_text,
 )
 from attnlab.errors import BadInput
-from attnlab.models import build_model
 from attnlab.storage import list_checkpoints, load_weights, save_model_dir
 from attnlab.tokenizers import (
     BPETokenizer,
@@ -186,8 +186,13 @@ class LMRecipe(Recipe):
         ids = torch.tensor(tok.encode(text), dtype=torch.long)
         split = int(len(ids) * (1 - self.val_fraction))
         train_ids, val_ids = ids[:split], ids[split:]
+        if self.block + 1 >= len(train_ids):
+            raise BadInput(f"--block {self.block}: the training text has only "
+                           f"{len(train_ids):,} tokens (windows need block + 1)")
         config = dataclasses.replace(model_config, vocab_size=tok.vocab_size,
                                      max_len=max(model_config.max_len, self.block))
+        build.check_training_memory(config, self.batch_size, self.block,
+                                     f"--block {self.block} --batch {self.batch_size}")
         return Prepared(config, {"text": tok},
                         LMBatches(train_ids, self.block, self.batch_size, train_config.seed),
                         CausalLM(train_config.label_smoothing),

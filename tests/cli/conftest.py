@@ -46,3 +46,16 @@ def translation_run(tmp_path_factory) -> Run:
                      "--precision", "fp32")
     assert r.code == 0, r.err
     return Run(run, r)
+
+
+@pytest.fixture(scope="session")
+def lm_run(tmp_path_factory) -> Path:
+    """``train lm``: a character-level gpt-mini of one layer, 2 steps."""
+    folder = tmp_path_factory.mktemp("lm")
+    (folder / "text.txt").write_text("to be or not to be, that is the question. " * 40)
+    r = cli_captured("train", "lm", "--text", folder / "text.txt", "--preset", "gpt-mini",
+                     "--set", "d_model=32", "--set", "n_heads=2", "--set", "n_decoder_layers=1",
+                     "--steps", "2", "--block", "16", "--batch", "4", "--out", folder / "run",
+                     "--no-progress", "--device", "cpu", "--precision", "fp32")
+    assert r.code == 0, r.err
+    return folder / "run"

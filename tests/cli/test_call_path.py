@@ -3,24 +3,9 @@ outside nn/, never in training/ or data/, and in no other command's module."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.call_path import trace
-from tests.cli.helpers import cli_captured
 
 INFERENCE_FORBIDDEN = ("attnlab/training/", "attnlab/data/")
-
-
-@pytest.fixture(scope="module")
-def lm_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lm")
-    (folder / "text.txt").write_text("to be or not to be, that is the question. " * 40)
-    r = cli_captured("train", "lm", "--text", folder / "text.txt", "--preset", "gpt-mini",
-                     "--set", "d_model=32", "--set", "n_heads=2", "--set", "n_decoder_layers=1",
-                     "--steps", "2", "--block", "16", "--batch", "4", "--out", folder / "run",
-                     "--no-progress", "--device", "cpu", "--precision", "fp32")
-    assert r.code == 0, r.err
-    return folder / "run"
 
 
 def _check(files: dict[str, list[str]], command_module: str) -> None:

@@ -37,3 +37,14 @@ def test_a_gguf_file_without_the_gguf_package_is_named(capsys, monkeypatch, tmp_
     model.write_bytes(b"GGUF")
     r = cli(capsys, "generate", "--model", model, "--prompt", "hi", "--device", "cpu")
     assert_bad_input(r, str(model), "attnlab[gguf]")
+
+
+def test_prompt_symbols_outside_the_vocabulary_are_named(capsys, lm_run):
+    """A character vocabulary learned from lower-case English lacks 'Z' and '€': they are
+    read as <unk>, with one warning naming them, and generation goes on."""
+    r = cli(capsys, "generate", "--model", lm_run, "--prompt", "to Z€ be", "--max-new-tokens",
+            "3", "--device", "cpu")
+    assert r.code == 0 and r.out.startswith("to Z€ be")
+    assert r.err.strip().splitlines() == [
+        "attnlab: warning: --prompt: 2 symbol(s) not in the model's vocabulary, read as <unk>: "
+        "'Z' '€'"]

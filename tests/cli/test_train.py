@@ -25,6 +25,7 @@ import pytest
 
 from attnlab import ModelConfig
 from attnlab.encoding import load_encoder
+from attnlab.storage import list_checkpoints
 from tests.cli.conftest import MLM_LINES, MLM_VOCAB
 from tests.cli.helpers import assert_bad_input, cli, not_a_folder
 
@@ -91,3 +92,18 @@ def test_out_that_cannot_be_created_is_named(capsys, tmp_path, mlm_run, kind):
     r = cli(capsys, "train", kind, *inputs, "--steps", "2", "--out", out, "--no-progress",
             "--device", "cpu", "--precision", "fp32")
     assert_bad_input(r, str(out.parent))
+
+
+def test_train_lm_block_beyond_the_text_or_the_memory_is_named(capsys, tmp_path, monkeypatch):
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be. " * 50)
+    common = ["train", "lm", "--text", text, "--out", tmp_path / "run", "--no-progress",
+              "--device", "cpu", "--steps", "2"]
+    r = cli(capsys, *common, "--block", "100000000")
+    assert "the training text has only" in assert_bad_input(r, "--block 100000000")
+    from attnlab import hardware
+
+    monkeypatch.setattr(hardware, "available_memory", lambda: 2**20)  # 1 MB
+    r = cli(capsys, *common, "--block", "64")
+    assert "training needs about" in assert_bad_input(r, "--block 64 --batch 12")
+    assert not list_checkpoints(tmp_path / "run" / "checkpoints")

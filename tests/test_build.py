@@ -1,4 +1,4 @@
-"""Untrusted model files are checked before allocation (attnlab.bounds): a config that lies
+"""Untrusted model files are checked before allocation (attnlab.build): a config that lies
 about its size or shapes is refused quickly and in little memory, by every loader."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnlab import ModelConfig, build_model, hardware, save_pretrained
-from attnlab.bounds import check_affordable, parameters_of, skeleton
+from attnlab.build import check_affordable, parameters_of, skeleton
 from attnlab.errors import BadInput
 from attnlab.storage import save_model_dir
 from attnlab.tokenizers import CharTokenizer

@@ -1,7 +1,10 @@
-"""Untrusted model files are checked before anything is allocated.
+"""Building a model from its config, the one place it happens, and checking an untrusted
+config before anything is allocated.
 
-A config file decides how much memory the model takes, and a config can lie: 10^7 layers beside
-a weights file of a few kilobytes. Before a model is built, three checks run, each cheap:
+:func:`build_model` builds the class that ``config.arch`` names
+(:data:`attnlab.models.ARCHITECTURES`). A config decides how much memory the model takes, and a
+config file can lie: 10^7 layers beside a weights file of a few kilobytes. Before a model is
+built from a file, three checks run, each cheap:
 
 1. **Size**: the parameter count P the config describes, from models of one and two layers
    built on the ``meta`` device (no memory; every family is linear in its layer counts):
@@ -31,9 +34,16 @@ from torch import nn
 from attnlab import hardware
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
-from attnlab.models import build_model
+from attnlab.models import ARCHITECTURES
 
 GB = 2**30
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """The model class the config's ``arch`` names, built (and initialised) from the config."""
+    if config.arch not in ARCHITECTURES:
+        raise BadInput(f"config field arch={config.arch!r}: no model family implements it yet")
+    return ARCHITECTURES[config.arch](config)
 
 
 def skeleton(config: ModelConfig) -> nn.Module:
@@ -110,3 +120,18 @@ def check_shapes(expected: list[tuple[list[str], tuple[int, ...]]],
         if found[stored[0]] != shape:
             raise BadInput(f"{where}: tensor {stored[0]!r} is {found[stored[0]]} in the file but "
                            f"{shape} in the model the config describes")
+
+
+def check_training_memory(config: ModelConfig, batch: int, seq: int, options: str) -> None:
+    """Refuse a training run that cannot fit the available memory: 16 bytes a parameter
+    (weights, gradients, Adam's two moments, in float32) plus the activations kept for the
+    backward pass, about L·B·T·(68·d + 10·h·T) bytes in float32 (Korthikanti et al., 2022,
+    with the attention scores of a non-fused path). ``options`` names what sets the sizes."""
+    layers = config.n_encoder_layers + config.n_decoder_layers
+    n = parameters_of(config)
+    need = 16 * n + layers * batch * seq * (68 * config.d_model + 10 * config.n_heads * seq)
+    available = hardware.available_memory()
+    if available is not None and need > available:
+        raise BadInput(f"{options}: training needs about {need / GB:.1f} GB ({n:,} parameters, "
+                       f"batch {batch} x {seq} tokens), more than the {available / GB:.1f} GB "
+                       "of memory available")
