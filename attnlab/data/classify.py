@@ -7,7 +7,6 @@ moves between training and test. (Without one, the line number stands in as the 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.data.parallel import text_lines
 from attnlab.data.stream import LabelledBatch, SeededBatches
 from attnlab.errors import BadInput, MissingFile
 
@@ -35,22 +35,22 @@ def read_labelled(path: str | Path, text_field: str, label_field: str,
     if not path.exists():
         raise MissingFile(f"data file not found: {path}")
     fields = [f.strip() for f in text_field.split(",") if f.strip()]
-    opener = gzip.open if path.suffix == ".gz" else open
     examples = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadInput(f"{path}:{n}: invalid JSON ({e.msg})") from None
-            for name in [*fields, label_field]:
-                if name not in row:
-                    raise BadInput(f"{path}:{n}: field {name!r} missing "
-                                   f"(fields: {', '.join(sorted(row))})")
-            text = "\n".join(str(row[name] or "") for name in fields)
-            examples.append(Example(str(row.get(id_field, n)), text, str(row[label_field])))
+    for n, line in enumerate(text_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{path}:{n}: invalid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise BadInput(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+        for name in [*fields, label_field]:
+            if name not in row:
+                raise BadInput(f"{path}:{n}: field {name!r} missing "
+                               f"(fields: {', '.join(sorted(row))})")
+        text = "\n".join(str(row[name] or "") for name in fields)
+        examples.append(Example(str(row.get(id_field, n)), text, str(row[label_field])))
     if not examples:
         raise BadInput(f"{path}: no examples")
     return examples

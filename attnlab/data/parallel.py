@@ -6,23 +6,35 @@ from __future__ import annotations
 import gzip
 import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.errors import BadInput, MissingFile
 
 
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """Lines of a plain or ``.gz`` UTF-8 file, without their newlines."""
+def text_lines(path: str | os.PathLike) -> Iterator[str]:
+    """The lines of a plain or ``.gz`` UTF-8 file (with their newlines); a line that is not
+    UTF-8, or a damaged ``.gz``, is a one-line error naming the file and the line."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise MissingFile(f"file not found: {path}")
     opener = gzip.open if path.endswith(".gz") else open
+    read = 0  # lines read so far: an error is on line read + 1
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            return [line.rstrip("\n").rstrip("\r") for line in f]
-    except (UnicodeDecodeError, OSError, EOFError) as e:
-        raise BadInput(f"{path}: cannot read as UTF-8 text ({e})") from None
+            for line in f:
+                read += 1
+                yield line
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}:{read + 1}: not UTF-8 text ({e.reason})") from None
+    except (OSError, EOFError) as e:
+        raise BadInput(f"{path}:{read + 1}: cannot be read ({e})") from None
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """Lines of a plain or ``.gz`` UTF-8 file, without their newlines."""
+    return [line.rstrip("\n").rstrip("\r") for line in text_lines(path)]
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -30,10 +42,12 @@ def read_text(path: str | os.PathLike) -> str:
     path = Path(path)
     if not path.exists():
         raise MissingFile(f"text file not found: {path}")
+    data = path.read_bytes()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise BadInput(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        line = data[: e.start].count(b"\n") + 1
+        raise BadInput(f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not text.strip():
         raise BadInput(f"{path}: the text file is empty")
     return text

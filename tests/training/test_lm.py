@@ -74,7 +74,7 @@ def test_train_lm_binary_file_is_named(tmp_path):
     binary.write_bytes(bytes(range(256)))
     r = cli(*TRAIN, "--text", str(binary), "--out", str(tmp_path / "run"))
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"attnlab train: error: {binary}: not UTF-8 text "
+    assert r.stderr.strip() == (f"attnlab train: error: {binary}:2: not UTF-8 text "
                                 "(byte 128: invalid start byte)")
 
 
