@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATTNLAB_NATIVE_BF16=0 \
 	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2
 
-.PHONY: test test-avx2 demo venv lint clean
+.PHONY: test test-avx2 fuzz demo venv lint clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,11 @@ test: $(STAMP)
 # The suite again on the emulated AVX2 CPU (CI runs both).
 test-avx2: $(STAMP)
 	$(AVX2) $(BIN)/python -m pytest
+
+# The fuzz tests of every reader of user files, with many more examples than make test runs
+# (and a fresh random seed each time).
+fuzz: $(STAMP)
+	ATTNLAB_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_fuzz.py
 
 demo: $(STAMP)
 	$(BIN)/attnlab demo
