@@ -151,6 +151,9 @@ class TranslationRecipe(Recipe):
             config.max_len)
         if not src:
             raise BadInput(f"empty corpus after length filtering: {report}")
+        seq = min(config.max_len, train_config.max_tokens)  # the longest padded sequence
+        build.check_training_memory(config, max(1, train_config.max_tokens // seq), seq,
+                                    f"--max-tokens {train_config.max_tokens}")
         return Prepared(config, {"source": src_tok, "target": tgt_tok},
                         TranslationBatches(src, tgt, train_config.max_tokens,
                                            seed=train_config.seed),
@@ -231,6 +234,8 @@ class MLMRecipe(Recipe):
             model_config, vocab_size=tok.vocab_size, head="pretraining" if self.nsp else "mlm",
             max_len=max(model_config.max_len, self.max_len), pad_id=tok.pad_id,
             unk_id=tok.unk_id, bos_id=tok.cls_id, eos_id=tok.sep_id)
+        build.check_training_memory(config, self.batch_size, self.max_len,
+                                    f"--max-len {self.max_len} --batch {self.batch_size}")
         val = MLMBatches(sentences[split:], tok, self.max_len, self.batch_size, seed=10_007,
                          nsp=self.nsp)
         n_val = max(1, min(20, (len(lines) - split) // 4))
@@ -279,6 +284,8 @@ class ClassifyRecipe(Recipe):
         max_len = min(self.max_len, base.max_len)
         config = dataclasses.replace(base.config, head="classify", num_labels=len(labels),
                                      extra={**base.config.extra, "labels": labels})
+        build.check_training_memory(config, self.batch_size, max_len,
+                                    f"--max-len {self.max_len} --batch {self.batch_size}")
         rows = {name: encode_examples(part, tok, labels, max_len)
                 for name, part in (("train", train), ("val", val), ("test", test))}
         val_batches = fixed_batches(rows["val"], self.batch_size, tok.pad_id)
