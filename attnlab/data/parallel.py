@@ -6,10 +6,11 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
+from attnlab import config
 from attnlab.errors import BadInput, MissingFile
 
 
@@ -28,7 +29,7 @@ def text_lines(path: str | os.PathLike) -> Iterator[str]:
                 yield line
     except UnicodeDecodeError as e:
         raise BadInput(f"{path}:{read + 1}: not UTF-8 text ({e.reason})") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a damaged .gz stream
         raise BadInput(f"{path}:{read + 1}: cannot be read ({e})") from None
 
 
@@ -39,15 +40,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 def read_text(path: str | os.PathLike) -> str:
     """A whole UTF-8 text file; a missing, non-UTF-8 or empty file is a one-line error."""
-    path = Path(path)
-    if not path.exists():
-        raise MissingFile(f"text file not found: {path}")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise BadInput(f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    text = config.read_text(path, "text file")
     if not text.strip():
         raise BadInput(f"{path}: the text file is empty")
     return text

@@ -104,7 +104,7 @@ def gguf_config(reader, path: Path) -> ModelConfig:
     """The model config from the file's metadata; missing or malformed fields are named."""
     try:
         return _read_config(reader, path)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as e:
         if isinstance(e, BadInput):
             raise
         raise BadInput(f"{path}: missing or malformed metadata ({type(e).__name__}: {e})") from None
@@ -124,17 +124,17 @@ def our_name(name: str) -> str:
 
 def check_tensors(reader, config: ModelConfig, path: Path) -> None:
     """Every tensor's shape (from its info, not its data) against the model the metadata
-    describes, after the parameter count against the file's size and the memory."""
+    describes, after :func:`attnlab.build.checked_skeleton`'s checks of its sizes."""
     from attnlab import build
 
-    build.check_affordable(config, path, path.stat().st_size, min_bytes=0.5)
+    skeleton = build.checked_skeleton(config, path, path.stat().st_size, min_bytes=0.5)
     found = {}
     for t in reader.tensors:
         try:
             found[our_name(t.name)] = tuple(int(d) for d in reversed(t.shape))
         except BadInput as e:
             raise BadInput(f"{path}: {e}") from None
-    build.check_shapes(build.expected_shapes(build.skeleton(config)), found, path)
+    build.check_shapes(build.expected_shapes(skeleton), found, path)
 
 
 def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -157,8 +157,6 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
     """``(model, tokenizer)`` from a Llama GGUF file: weights dequantised to float32, or with
     ``quantized`` the Q4_1 matrices kept as 4-bit :class:`Int4Linear` layers and the rest in
     bfloat16 (a file without Q4_1 matrices has its weights quantised by ``quantize_int4``)."""
-    from attnlab.tokenizers.bpe import BPETokenizer
-
     path = Path(path)
     gguf, reader = _reader(path)
     config = gguf_config(reader, path)
@@ -201,12 +199,29 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
         from attnlab.nn.quantized import quantize_int4
 
         model = quantize_int4(model)
-    tokenizer = BPETokenizer.from_vocab_and_merges(
-        list(_field(reader, "tokenizer.ggml.tokens")),
-        list(_field(reader, "tokenizer.ggml.merges")),
-        digits=_field(reader, "tokenizer.ggml.pre") == "smollm",
-        bos_id=config.bos_id, eos_id=config.eos_id, pad_id=config.pad_id, unk_id=config.unk_id)
-    return model.eval(), tokenizer
+    return model.eval(), gguf_tokenizer(reader, config, path)
+
+
+def gguf_tokenizer(reader, config: ModelConfig, path: Path):
+    """The byte-level BPE tokenizer of the file's metadata; a missing or malformed one is
+    named."""
+    from attnlab.tokenizers.bpe import BPETokenizer
+
+    try:
+        lists = [_field(reader, f"tokenizer.ggml.{name}") for name in ("tokens", "merges")]
+        pre = _field(reader, "tokenizer.ggml.pre")
+    except ValueError as e:  # strings that are not UTF-8
+        raise BadInput(f"{path}: malformed tokenizer metadata ({e})") from None
+    if not all(isinstance(x, list) and all(isinstance(t, str) for t in x) for x in lists):
+        raise BadInput(f"{path}: tokenizer.ggml.tokens and tokenizer.ggml.merges must be lists "
+                       "of strings (only byte-level BPE tokenizers are read)")
+    try:
+        return BPETokenizer.from_vocab_and_merges(
+            *lists, digits=pre == "smollm",
+            bos_id=config.bos_id, eos_id=config.eos_id, pad_id=config.pad_id,
+            unk_id=config.unk_id)
+    except Exception as e:  # the tokenizers library raises a bare Exception (a bad merge)
+        raise BadInput(f"{path}: the tokenizer in the metadata cannot be built ({e})") from None
 
 
 def _with_int4(model: GPT, layers: dict[str, tuple]) -> GPT:

@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from attnlab.config import ModelConfig
+from attnlab.config import ModelConfig, read_json
 from attnlab.errors import BadInput, MissingFile
 
 
@@ -73,15 +73,12 @@ def read_hf_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.exists():
         raise MissingFile(f"{path}: not found (expected a Hugging Face model folder)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    return read_json(path)
 
 
 def family_of(hf: dict, folder: Path) -> Family:
     model_type = hf.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise BadInput(f"{folder / 'config.json'}: model_type={model_type!r} is not supported "
                        f"(supported: {', '.join(sorted(FAMILIES))})")
     return FAMILIES[model_type]
@@ -94,8 +91,9 @@ def hf_weight_files(folder: Path) -> list[Path]:
         return [single]
     if index.exists():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))
+                                ["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as e:
             raise BadInput(f"{index}: not a safetensors index ({e})") from None
         files = [folder / str(s) for s in shards]
         for f in files:
@@ -122,8 +120,8 @@ def check_hf_weights(family: Family, config: ModelConfig, files: list[Path],
     """The checkpoint's size and every tensor's shape against the config, before loading."""
     from attnlab import build
 
-    build.check_affordable(config, folder, sum(f.stat().st_size for f in files))
-    model = build.skeleton(config)
+    model = build.checked_skeleton(config, folder / "config.json",
+                                   sum(f.stat().st_size for f in files))
     ours_shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     found = build.safetensors_shapes(files)
     tied = _tied_names(model)

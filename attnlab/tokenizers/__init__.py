@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 
-from attnlab.errors import BadInput, MissingFile
+from attnlab.config import read_json
+from attnlab.errors import BadInput
 from attnlab.tokenizers.base import (
     KINDS,
     SPECIALS,
@@ -22,14 +22,11 @@ from attnlab.tokenizers.wordpiece import WordPieceTokenizer
 
 def load(path: str | os.PathLike) -> Tokenizer:
     """Read a tokenizer saved by :meth:`Tokenizer.save`."""
+    data = read_json(path, "tokenizer JSON", "tokenizer file")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise MissingFile(f"tokenizer file not found: {path}") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
-    return tokenizer_from_dict(data)
+        return tokenizer_from_dict(data)
+    except BadInput as e:
+        raise BadInput(f"{path}: {e}") from None
 
 
 __all__ = ["Tokenizer", "VocabTokenizer", "BPETokenizer", "WordPieceTokenizer", "CharTokenizer",

@@ -90,11 +90,16 @@ class Tokenizer(ABC):
 
 
 def tokenizer_from_dict(data: dict) -> Tokenizer:
-    """Any tokenizer from its :meth:`Tokenizer.to_dict`."""
+    """Any tokenizer from its :meth:`Tokenizer.to_dict`; malformed data is a BadInput."""
+    if not isinstance(data, dict):
+        raise BadInput(f"a tokenizer is a JSON object, got {type(data).__name__}")
     kind = data.get("type")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise BadInput(f"unknown tokenizer type {kind!r}; expected one of {sorted(KINDS)}")
-    return KINDS[kind].from_dict(data)
+    try:
+        return KINDS[kind].from_dict(data)
+    except KeyError as e:
+        raise BadInput(f"{kind} tokenizer: missing field {e}") from None
 
 
 def pad(seqs: list[list[int]], pad_id: int = 0) -> Tensor:
@@ -155,7 +160,10 @@ class VocabTokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VocabTokenizer:
-        return cls(data["vocab"])
+        vocab = data["vocab"]
+        if not isinstance(vocab, list) or not all(isinstance(t, str) for t in vocab):
+            raise BadInput(f"{cls.kind} tokenizer: vocab must be a list of strings")
+        return cls(vocab)
 
 
 class CharTokenizer(VocabTokenizer):

@@ -14,8 +14,18 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from attnlab.config import parse_json, read_text
 from attnlab.errors import BadInput, MissingFile
 from attnlab.tokenizers.base import Tokenizer
+
+
+def backend_from_str(text: str, where: str | os.PathLike | None = None) -> HFTokenizer:
+    """A ``tokenizers.Tokenizer`` from its JSON; damage is a BadInput naming ``where``."""
+    try:
+        return HFTokenizer.from_str(text)
+    except Exception as e:  # the library raises a bare Exception for any malformed JSON
+        prefix = "" if where is None else f"{where}: "
+        raise BadInput(f"{prefix}not a readable tokenizer ({e})") from None
 
 
 class BPETokenizer(Tokenizer):
@@ -67,17 +77,16 @@ class BPETokenizer(Tokenizer):
     def from_file(cls, path: str | os.PathLike) -> BPETokenizer:
         """A ``tokenizer.json`` (Hugging Face format) or one saved by :meth:`save`; special ids
         are found by name (<pad>/<unk>/<bos>/<eos>, or GPT-2's <|endoftext|>)."""
-        try:
-            text = open(path, encoding="utf-8").read()
-        except FileNotFoundError:
-            raise MissingFile(f"tokenizer file not found: {path}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
+        text = read_text(path, "tokenizer file")
+        data = parse_json(text, path, "tokenizer JSON")
         if data.get("type") == cls.kind:
-            return cls.from_dict(data)
-        backend = HFTokenizer.from_str(text)
+            try:
+                return cls.from_dict(data)
+            except KeyError as e:
+                raise BadInput(f"{path}: missing field {e}") from None
+            except BadInput as e:
+                raise BadInput(f"{path}: {e}") from None
+        backend = backend_from_str(text, path)
         find = backend.token_to_id
         eos = find("<eos>") if find("<eos>") is not None else find("<|endoftext|>")
         bos = find("<bos>") if find("<bos>") is not None else eos
@@ -117,7 +126,7 @@ class BPETokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BPETokenizer:
-        backend = HFTokenizer.from_str(json.dumps(data["tokenizer"]))
+        backend = backend_from_str(json.dumps(data["tokenizer"]), "bpe tokenizer")
         return cls(backend, data.get("bos_id"), data.get("eos_id"), data.get("pad_id"),
                    data.get("unk_id"))
 

@@ -22,8 +22,10 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from attnlab.config import read_json
 from attnlab.errors import BadInput, MissingFile
 from attnlab.tokenizers.base import Tokenizer
+from attnlab.tokenizers.bpe import backend_from_str
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -80,22 +82,27 @@ class WordPieceTokenizer(Tokenizer):
         if not path.exists():
             raise MissingFile(f"tokenizer file not found: {path}")
         if path.suffix == ".json":
+            data = read_json(path, "tokenizer JSON")
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise BadInput(f"{path}:{e.lineno}: invalid tokenizer JSON ({e.msg})") from None
-            if data.get("type") == cls.kind:  # attnlab's own save()
-                return cls.from_dict(data)
-            return cls(HFTokenizer.from_str(json.dumps(data)))
+                if data.get("type") == cls.kind:  # attnlab's own save()
+                    return cls.from_dict(data)
+                return cls(backend_from_str(json.dumps(data)))
+            except KeyError as e:
+                raise BadInput(f"{path}: missing field {e}") from None
+            except BadInput as e:
+                raise BadInput(f"{path}: {e}") from None
         lowercase = True
         config = path.parent / "tokenizer_config.json"
         if config.exists():
-            try:
-                lowercase = bool(json.loads(config.read_text()).get("do_lower_case", True))
-            except json.JSONDecodeError as e:
-                raise BadInput(f"{config}:{e.lineno}: invalid JSON ({e.msg})") from None
-        tokens = path.read_text(encoding="utf-8").splitlines()
-        return cls.from_vocab(tokens, lowercase=lowercase)
+            lowercase = bool(read_json(config).get("do_lower_case", True))
+        try:
+            tokens = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise BadInput(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        try:
+            return cls.from_vocab(tokens, lowercase=lowercase)
+        except BadInput as e:
+            raise BadInput(f"{path}: {e}") from None
 
     @classmethod
     def train(cls, files: list[str], vocab_size: int = 8000,
@@ -163,5 +170,4 @@ class WordPieceTokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WordPieceTokenizer:
-        return cls(HFTokenizer.from_str(json.dumps(data["tokenizer"])))
-
+        return cls(backend_from_str(json.dumps(data["tokenizer"]), "wordpiece tokenizer"))
