@@ -83,14 +83,18 @@ def check_affordable(config: ModelConfig, where: str | os.PathLike, file_bytes: 
     return n
 
 
+TABLES_FREE = 2**24  # computed numbers any model may have: 64 MB of position tables
+
+
 def checked_skeleton(config: ModelConfig, where: str | os.PathLike, file_bytes: int,
                      min_bytes: float = 1.0) -> nn.Module:
     """The checks every loader runs before building from a file: the parameter count against
     the file and the memory (:func:`check_affordable`), sizes torch can describe at all, and
     the computed position tables (sinusoidal or RoPE, ``max_len`` rows, built rather than
-    read) no larger than the parameters the file backs, so that a context length the weights
-    do not back cannot allocate without bound. Returns the ``meta`` model, for
-    :func:`check_shapes`."""
+    read). The file backs those tables only through ``max_len``; they may hold up to
+    ``TABLES_FREE`` numbers, or as many as the parameters the file holds, so that a context
+    length the weights do not back cannot allocate without bound. Returns the ``meta``
+    model, for :func:`check_shapes`."""
     try:
         n = check_affordable(config, where, file_bytes, min_bytes)
         model = skeleton(config)
@@ -98,7 +102,7 @@ def checked_skeleton(config: ModelConfig, where: str | os.PathLike, file_bytes: 
         raise BadInput(f"{where}: the config describes sizes that cannot be built "
                        f"({str(e).splitlines()[0]})") from None
     tables = sum(b.numel() for b in model.buffers())
-    if tables > n:
+    if tables > max(n, TABLES_FREE):
         raise BadInput(f"{where}: a context of {config.max_len:,} positions needs tables of "
                        f"{tables:,} numbers, more than the model's {n:,} parameters: the "
                        "config and the weights disagree")
@@ -144,7 +148,8 @@ def check_shapes(expected: list[tuple[list[str], tuple[int, ...]]],
                            f"{shape} in the model the config describes")
 
 
-def check_training_memory(config: ModelConfig, batch: int, seq: int, options: str) -> None:
+def check_training_memory(config: ModelConfig, batch: int, seq: int, options: str,
+                          device: torch.device | str | None = None) -> None:
     """Refuse a training run that cannot fit the available memory: 16 bytes a parameter
     (weights, gradients, Adam's two moments, in float32) plus the activations kept for the
     backward pass, about L·B·T·(68·d + 10·h·T) bytes in float32 (Korthikanti et al., 2022,
@@ -152,7 +157,7 @@ def check_training_memory(config: ModelConfig, batch: int, seq: int, options: st
     layers = config.n_encoder_layers + config.n_decoder_layers
     n = parameters_of(config)
     need = 16 * n + layers * batch * seq * (68 * config.d_model + 10 * config.n_heads * seq)
-    available = hardware.available_memory()
+    available = hardware.available_memory(device)
     if available is not None and need > available:
         raise BadInput(f"{options}: training needs about {need / GB:.1f} GB ({n:,} parameters, "
                        f"batch {batch} x {seq} tokens), more than the {available / GB:.1f} GB "

@@ -23,6 +23,7 @@ from attnlab.config import ModelConfig
 from attnlab.data import load_corpus
 from attnlab.errors import BadInput
 from attnlab.generation import cross_attention, exact_match, translate
+from attnlab.training.guard import RunLock
 from attnlab.training.recipes import train_translation
 from attnlab.training.schedule import CosineSchedule, schedule_to_dict
 from attnlab.training.trainer import TrainConfig
@@ -40,10 +41,16 @@ def run_demo(out_dir: str = "runs/demo", steps: int = 1500, time_budget: float |
     if steps < 1:
         raise BadInput(f"--steps must be >= 1, got {steps}")
     out = Path(out_dir)
-    if (out / "checkpoints").exists():  # the demo's own scratch folder: start afresh
-        log(f"removing the previous demo run in {out}")
-        shutil.rmtree(out / "checkpoints")
-    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out):  # never clear a folder another demo or trainer is writing
+        if (out / "checkpoints").exists():  # the demo's own scratch folder: start afresh
+            log(f"removing the previous demo run in {out}")
+            shutil.rmtree(out / "checkpoints")
+        return _train_and_report(out, steps, time_budget, n_train, n_test, seed, precision,
+                                 device, log)
+
+
+def _train_and_report(out: Path, steps: int, time_budget: float | None, n_train: int,
+                      n_test: int, seed: int, precision: str, device: str, log) -> dict:
     corpus = load_corpus("numbers", None, None, n_train, n_test, seed)
     log(f"numbers task: {len(corpus.train):,} training pairs, {len(corpus.test)} held-out "
         f"numbers never seen in training; training {steps} steps"

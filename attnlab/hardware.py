@@ -221,9 +221,12 @@ def use_threads() -> int:
 
 
 # --- device and precision ----------------------------------------------------------------
-def available_memory() -> int | None:
-    """Bytes of memory this process may still allocate: the system's available memory
-    (``MemAvailable``), capped by a cgroup v2 limit (containers); None where unknown."""
+def available_memory(device: torch.device | str | None = None) -> int | None:
+    """Bytes of memory this process may still allocate: free memory on a CUDA ``device``;
+    otherwise the system's available memory (``MemAvailable``), capped by a cgroup v2 limit
+    (containers; reclaimable page cache counted as free); None where unknown."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(torch.device(device))[0]
     found = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -235,6 +238,9 @@ def available_memory() -> int | None:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":
             used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            stat = dict(line.split() for line in
+                        Path("/sys/fs/cgroup/memory.stat").read_text().splitlines())
+            used -= int(stat.get("inactive_file", 0))  # page cache the kernel can drop
             found.append(max(0, int(limit) - used))
     except (OSError, ValueError):
         pass

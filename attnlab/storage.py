@@ -305,13 +305,16 @@ def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConf
         for f in tmp.iterdir():
             _fsync(f)
         _fsync(tmp)
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace it
-            shutil.rmtree(final)
+        old = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
+        if final.exists():  # re-saving (best/, final/, a step after a resume): swap, then drop
+            os.replace(final, old)
         os.replace(tmp, final)
         _fsync(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, (OSError, SafetensorError)):
+        # torch.save reports a full disk as a RuntimeError, safetensors as its own error
+        if isinstance(e, (OSError, SafetensorError, RuntimeError)):
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise WriteFailed(f"{final}: could not be written ({reason})") from None
         raise

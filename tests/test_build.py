@@ -33,7 +33,7 @@ def test_the_estimate_is_the_built_models_count(preset, overrides):
 
 
 def test_a_model_larger_than_memory_is_refused(monkeypatch):
-    monkeypatch.setattr(hardware, "available_memory", lambda: 10 * 2**20)
+    monkeypatch.setattr(hardware, "available_memory", lambda device=None: 10 * 2**20)
     config = ModelConfig.from_preset("gpt-mini")  # 0.8M parameters: 3.2 MB in fp32
     check_affordable(config, "m", None)
     with pytest.raises(BadInput, match=r"m: the model needs about .* GB \(.* parameters at 4 "
@@ -102,3 +102,14 @@ def test_gguf_counts_beyond_the_file_are_refused(tmp_path):
     with pytest.raises(BadInput, match="claims 1,000,000,000,000,000 tensors"):
         load_gguf(path)
     assert time.perf_counter() - start < 1
+
+
+def test_a_long_context_small_model_still_loads(tmp_path):
+    """Computed position tables may outnumber a small model's parameters up to a fixed
+    allowance (a llama-mini with a 16,384-token context: 1M table numbers, 0.7M parameters)."""
+    from attnlab.storage import load
+
+    config = ModelConfig.from_preset("llama-mini", vocab_size=65, max_len=16384)
+    save_model_dir(tmp_path / "m", build_model(config), config,
+                   {"text": CharTokenizer.train(["abc"]).to_dict()})
+    assert load(tmp_path / "m").config.max_len == 16384

@@ -55,6 +55,12 @@ def any_true(flag: bool) -> bool:
     return bool(all_reduce_sum(int(flag))) if is_distributed() else flag
 
 
+def barrier() -> None:
+    """Wait until every rank gets here (a no-op in one process)."""
+    if is_distributed():
+        dist.barrier()
+
+
 def shutdown() -> None:
     if is_distributed():
         dist.destroy_process_group()

@@ -151,9 +151,10 @@ class TranslationRecipe(Recipe):
             config.max_len)
         if not src:
             raise BadInput(f"empty corpus after length filtering: {report}")
-        seq = min(config.max_len, train_config.max_tokens)  # the longest padded sequence
+        seq = max(max(map(len, src)), max(map(len, tgt)))  # the longest padded sequence
         build.check_training_memory(config, max(1, train_config.max_tokens // seq), seq,
-                                    f"--max-tokens {train_config.max_tokens}")
+                                    f"--max-tokens {train_config.max_tokens}",
+                                    train_config.device_for_memory)
         return Prepared(config, {"source": src_tok, "target": tgt_tok},
                         TranslationBatches(src, tgt, train_config.max_tokens,
                                            seed=train_config.seed),
@@ -195,7 +196,8 @@ class LMRecipe(Recipe):
         config = dataclasses.replace(model_config, vocab_size=tok.vocab_size,
                                      max_len=max(model_config.max_len, self.block))
         build.check_training_memory(config, self.batch_size, self.block,
-                                     f"--block {self.block} --batch {self.batch_size}")
+                                    f"--block {self.block} --batch {self.batch_size}",
+                                    train_config.device_for_memory)
         return Prepared(config, {"text": tok},
                         LMBatches(train_ids, self.block, self.batch_size, train_config.seed),
                         CausalLM(train_config.label_smoothing),
@@ -235,7 +237,8 @@ class MLMRecipe(Recipe):
             max_len=max(model_config.max_len, self.max_len), pad_id=tok.pad_id,
             unk_id=tok.unk_id, bos_id=tok.cls_id, eos_id=tok.sep_id)
         build.check_training_memory(config, self.batch_size, self.max_len,
-                                    f"--max-len {self.max_len} --batch {self.batch_size}")
+                                    f"--max-len {self.max_len} --batch {self.batch_size}",
+                                    train_config.device_for_memory)
         val = MLMBatches(sentences[split:], tok, self.max_len, self.batch_size, seed=10_007,
                          nsp=self.nsp)
         n_val = max(1, min(20, (len(lines) - split) // 4))
@@ -285,7 +288,8 @@ class ClassifyRecipe(Recipe):
         config = dataclasses.replace(base.config, head="classify", num_labels=len(labels),
                                      extra={**base.config.extra, "labels": labels})
         build.check_training_memory(config, self.batch_size, max_len,
-                                    f"--max-len {self.max_len} --batch {self.batch_size}")
+                                    f"--max-len {self.max_len} --batch {self.batch_size}",
+                                    train_config.device_for_memory)
         rows = {name: encode_examples(part, tok, labels, max_len)
                 for name, part in (("train", train), ("val", val), ("test", test))}
         val_batches = fixed_batches(rows["val"], self.batch_size, tok.pad_id)

@@ -70,6 +70,11 @@ class TrainConfig:
     time_budget: float | None = None  # seconds of training, then stop cleanly
     progress: bool = True
 
+    @property
+    def device_for_memory(self):
+        """The device training runs on, for memory checks (``auto`` resolved)."""
+        return hardware.pick_device(self.device)
+
     def __post_init__(self) -> None:
         check_at_least(self, dict(steps=1, max_tokens=1, accumulate=1, save_every=1, keep_last=1,
                                   log_every=1, eval_every=0, patience=0, weight_decay=0.0,
@@ -103,6 +108,14 @@ def _fault_hook():
                 os.kill(os.getpid(), sig)
 
     return fault
+
+
+def _step_of(row: str) -> float:
+    """A metrics row's step; a row that does not parse (torn by a crash) sorts last."""
+    try:
+        return json.loads(row)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
@@ -196,7 +209,7 @@ class Trainer:
             torch.manual_seed(self.cfg.seed + self.rank + 7919 * self.step)
         if self.is_main and self.metrics_path.exists():  # drop rows the resumed run redoes
             rows = self.metrics_path.read_text().splitlines()
-            kept = [r for r in rows if json.loads(r)["step"] <= self.step]
+            kept = [r for r in rows if _step_of(r) <= self.step]  # a torn last row goes too
             self.metrics_path.write_text("".join(r + "\n" for r in kept))
         return True
 
@@ -245,6 +258,16 @@ class Trainer:
                 "grad_norm": float(grad_norm), "tgt_tokens": global_tokens,
                 "src_tokens": distributed.all_reduce_sum(src_tokens)}
 
+    def _write_metrics(self, metrics, row: dict[str, float]) -> None:
+        try:
+            metrics.write(json.dumps(row) + "\n")
+            metrics.flush()
+        except OSError as e:
+            kept = list_checkpoints(self.ckpt_dir)
+            raise WriteFailed(f"{self.metrics_path}: could not be written ({e.strerror or e}); "
+                              f"training stopped at step {self.step}, last good checkpoint: "
+                              f"{kept[-1] if kept else 'none written yet'}") from None
+
     def _track_best(self, val_loss: float) -> bool:
         """Keep the best model so far in ``out_dir/best`` (when early stopping is on); True
         when ``patience`` validation passes in a row brought no improvement."""
@@ -276,9 +299,10 @@ class Trainer:
         mode = "w" if self.step == 0 else "a"
         metrics = open(self.metrics_path, mode) if self.is_main else None
         if self.is_main:
-            remove_temporaries(self.ckpt_dir)  # left by a write that was killed
+            for folder in (self.ckpt_dir, self.out_dir):  # left by writes that were killed
+                remove_temporaries(folder)
         try:
-            with StopSignals() as stop:
+            with StopSignals(repeat_stops_at_once=self.world == 1) as stop:
                 while self.step < self.cfg.steps:
                     row = self.train_step(data_iter)
                     if self.fault is not None:
@@ -295,8 +319,7 @@ class Trainer:
                         stop_early = False
                     history.append(row)
                     if metrics is not None:
-                        metrics.write(json.dumps(row) + "\n")
-                        metrics.flush()
+                        self._write_metrics(metrics, row)
                     bar.update(1)
                     if self.step % self.cfg.log_every == 0:
                         bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
@@ -308,6 +331,7 @@ class Trainer:
                             or signalled):
                         saved = self.save()
                     if signalled:  # the step is finished and saved: stop as asked
+                        distributed.barrier()  # no rank leaves before rank 0 has saved
                         signum = stop.signum or signal.SIGTERM  # (another rank's signal)
                         raise Stopped(f"{signal.Signals(signum).name} at step {self.step}; "
                                       f"checkpoint {saved or self.ckpt_dir} (continue with "

@@ -103,7 +103,7 @@ def test_train_lm_block_beyond_the_text_or_the_memory_is_named(capsys, tmp_path,
     assert "the training text has only" in assert_bad_input(r, "--block 100000000")
     from attnlab import hardware
 
-    monkeypatch.setattr(hardware, "available_memory", lambda: 2**20)  # 1 MB
+    monkeypatch.setattr(hardware, "available_memory", lambda device=None: 2**20)  # 1 MB
     r = cli(capsys, *common, "--block", "64")
     assert "training needs about" in assert_bad_input(r, "--block 64 --batch 12")
     assert not list_checkpoints(tmp_path / "run" / "checkpoints")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,8 +94,9 @@ def test_one_trainer_per_run_folder(text, tmp_path):
         second = run_cli(train_args(text, out, 5, "--resume"))
         assert second.returncode == 2
         assert second.stderr.strip().splitlines() == [
-            f"attnlab train: error: {out}: another trainer (PID {first.pid}) is using this run "
-            "folder; wait for it to finish or choose another --out"]
+            f"attnlab train: error: {out}: another trainer (PID {first.pid} on "
+            f"{socket.gethostname()}) is using this run folder; wait for it to finish or choose "
+            "another --out"]
     finally:
         first.kill()  # SIGKILL: no clean-up runs, the OS releases the lock
         first.wait(timeout=30)
@@ -102,26 +104,47 @@ def test_one_trainer_per_run_folder(text, tmp_path):
     assert third.returncode == 0, third.stderr
 
 
-def test_a_full_disk_at_checkpoint_time(text, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("writer", ["weights", "trainer state"])
+def test_a_full_disk_at_checkpoint_time(text, tmp_path, monkeypatch, capsys, writer):
+    """The second checkpoint (step 20) hits a full disk while writing its weights (an OSError
+    from safetensors) or its trainer state (torch.save reports it as a RuntimeError)."""
+    import torch
+
     import attnlab.storage
 
-    real = attnlab.storage.save_model
     calls = []
+    if writer == "weights":
+        real = attnlab.storage.save_model
 
-    def full_disk(model, filename, *args, **kwargs):
-        calls.append(filename)
-        if len(calls) == 2:  # the second checkpoint (step 20) hits a full disk
-            Path(filename).write_bytes(b"partial")
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
-        return real(model, filename, *args, **kwargs)
+        def failing(model, filename, *args, **kwargs):
+            calls.append(filename)
+            if len(calls) == 2:
+                Path(filename).write_bytes(b"partial")
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+            return real(model, filename, *args, **kwargs)
 
-    monkeypatch.setattr(attnlab.storage, "save_model", full_disk)
+        monkeypatch.setattr(attnlab.storage, "save_model", failing)
+        reason = "No space left on device"
+    else:
+        real = torch.save
+
+        def failing(obj, f, *args, **kwargs):
+            calls.append(f)
+            if len(calls) == 2:
+                raise RuntimeError("[enforce fail at inline_container.cc:778] . "
+                                   "PytorchStreamWriter "
+                                   "failed writing file data/0: file write failed")
+            return real(obj, f, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "save", failing)
+        reason = "PytorchStreamWriter failed writing file data/0: file write failed"
     out = tmp_path / "run"
     code = main(train_args(text, out))
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert err == [f"attnlab train: error: {out / 'checkpoints' / 'step-00000020'}: could not be "
-                   f"written (No space left on device); training stopped at step 20, last good "
-                   f"checkpoint: {out / 'checkpoints' / 'step-00000010'}"]
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"attnlab train: error: {out / 'checkpoints' / 'step-00000020'}: "
+                             "could not be written (") and reason in err[0]
+    assert err[0].endswith("training stopped at step 20, last good checkpoint: "
+                           f"{out / 'checkpoints' / 'step-00000010'}")
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000010"]
     load_model_dir(out / "checkpoints" / "step-00000010")
