@@ -40,7 +40,7 @@ test-avx2: $(STAMP)
 # The fuzz tests of every reader of user files, with many more examples than make test runs
 # (and a fresh random seed each time).
 fuzz: $(STAMP)
-	ATTNLAB_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/test_fuzz.py
+	ATTNLAB_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest tests/fuzz
 
 demo: $(STAMP)
 	$(BIN)/attnlab demo
