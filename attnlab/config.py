@@ -72,7 +72,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON", missing: str = "file"
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 # Fields that must be at least this much (the layer counts may be 0: BERT has no decoder).
 _AT_LEAST = dict(vocab_size=1, tgt_vocab_size=1, d_model=1, n_heads=1, num_kv_heads=1, d_ff=1,
-                 n_encoder_layers=0, n_decoder_layers=0, max_len=1, dropout=0.0,
+                 n_encoder_layers=0, n_decoder_layers=0, max_len=1, block_size=1, dropout=0.0,
                  attention_dropout=0.0, activation_dropout=0.0, norm_eps=0.0, num_labels=1)
 
 
@@ -113,6 +113,9 @@ class ModelConfig:
     attention_dropout: float = 0.0  # on the attention weights
     activation_dropout: float = 0.0  # inside the feed-forward, after the nonlinearity
     max_len: int = 1024  # longest sequence the positional encoding covers
+    # the sequence length it was trained on (`train lm --block`); generation keeps its context
+    # within it, as nanoGPT does. None: not recorded (pretrained models), max_len applies
+    block_size: int | None = None
     positional: str = "sinusoidal"
     rope_base: float = 10000.0
     norm: str = "layernorm"
@@ -179,6 +182,15 @@ class ModelConfig:
     @property
     def use_final_norm(self) -> bool:
         return self.pre_norm if self.final_norm is None else self.final_norm
+
+    @property
+    def context(self) -> int | None:
+        """The most positions a generated sequence's context may span: the trained
+        ``block_size``, else ``max_len`` (None for ALiBi and no positional encoding, which
+        extrapolate and were not trained at a recorded length)."""
+        if self.block_size is not None:
+            return min(self.block_size, self.max_len)
+        return None if self.positional in ("alibi", "none") else self.max_len
 
     def check_length(self, n_tokens: int, what: str = "sequence") -> None:
         """The max-length rule, the one place it lives: a sequence may hold at most

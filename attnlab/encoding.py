@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +31,7 @@ class SentenceEncoder:
     tokenizer: WordPieceTokenizer
     max_len: int
     labels: list[str] | None = None
+    path: Path | None = None  # the folder or file the model was read from
 
 
 def load_encoder(spec: str | os.PathLike) -> SentenceEncoder:
@@ -37,7 +39,7 @@ def load_encoder(spec: str | os.PathLike) -> SentenceEncoder:
     :func:`attnlab.load` reads that holds an encoder)."""
     loaded = load(spec).expect("encoder", "embed / classify")
     return SentenceEncoder(loaded.model, loaded.tokenizer, loaded.max_len,
-                           loaded.config.extra.get("labels"))
+                           loaded.config.extra.get("labels"), loaded.path)
 
 
 @torch.no_grad()

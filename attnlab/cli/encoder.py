@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from attnlab.cli.common import add_model_arg, add_runtime_args, runtime, texts
+from attnlab.cli.common import add_model_arg, add_runtime_args, announce, runtime, texts
 
 
 def _encoder(args: argparse.Namespace):
@@ -16,6 +16,7 @@ def _encoder(args: argparse.Namespace):
     device, precision = runtime(args)
     enc = load_encoder(args.model)
     enc.model.to(device)
+    announce(args, enc.path, device, precision)
     return enc, device, precision
 
 

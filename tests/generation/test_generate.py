@@ -136,3 +136,35 @@ def test_decoding_layout_changes_memory_not_values(preset, tmp_path):
     assert not torch.equal(w, old)
     half = decoding_layout_(m.to(torch.bfloat16))  # bf16 reads row-major faster: restored
     assert half.blocks.layers[0].ffn.w1.weight.is_contiguous()
+
+
+def cropped_greedy(m, ids, n, block):
+    """nanoGPT's loop, the reference: each token from the last ``block`` tokens alone."""
+    for _ in range(n):
+        ids = torch.cat([ids, m(ids[:, -block:])[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
+@pytest.mark.parametrize("preset", ["gpt-mini", "llama-mini"])  # learned positions, RoPE
+def test_generation_past_the_trained_block_crops_the_context(preset, monkeypatch):
+    """A block-32 model generates 300 new tokens; no position it is fed exceeds 31, and every
+    token equals the one nanoGPT's crop-to-block loop picks."""
+    torch.manual_seed(0)
+    m = GPT(ModelConfig.from_preset(preset, block_size=32, d_model=32, n_heads=2,
+                                    n_decoder_layers=2)).eval()
+    seen = []
+    embed = m.positional.embed
+
+    def recording(x, positions):
+        seen.append(int(positions.max()))
+        return embed(x, positions)
+
+    monkeypatch.setattr(m.positional, "embed", recording)
+    prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(0))
+    out = generate(m, prompt, 300)
+    assert out.shape == (2, 305) and max(seen) == 31
+    assert torch.equal(out, cropped_greedy(m, prompt, 300, 32))
+    long_prompt = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(1))
+    seen.clear()
+    assert torch.equal(generate(m, long_prompt, 5), cropped_greedy(m, long_prompt, 5, 32))
+    assert max(seen) == 31
