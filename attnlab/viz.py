@@ -1,108 +1,140 @@
 """Pictures (matplotlib, written as PNG): attention heatmaps and grids, cross-attention
-alignments, the sinusoidal positional-encoding matrix, learning-rate schedules, loss curves."""
+alignments, the sinusoidal positional-encoding matrix, learning-rate schedules, loss curves.
+
+Each picture has a ``figure_*`` function that builds it and returns the matplotlib ``Figure``
+(drawn on its own Agg canvas; pyplot and its global backend are not touched), and a ``plot_*``
+function that writes that figure to a PNG file. Every figure is laid out by matplotlib's
+constrained layout, which keeps the figure title clear of the panel titles and makes room for
+tick and axis labels, and is then grown until all of its text lies inside it (a title wider than
+its heatmap, labels of many long tokens): see :func:`_fit`.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:  # matplotlib is imported only when a picture is drawn
+    from matplotlib.figure import Figure
 
-def plot_cross_attention(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str],
-                         path: str | Path, title: str = "cross-attention") -> Path:
-    """``weights (tgt_len, src_len)``: which source token each output token attended to."""
-    plt = _pyplot()
+FONT_INCHES = 10 / 72 * 0.6  # the width of a character of 10-point text, about
+
+
+# --- attention ---------------------------------------------------------------------------------
+def figure_cross_attention(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str],
+                           title: str = "cross-attention") -> Figure:
+    """``weights (tgt_len, src_len)``: which source token each output token attended to.
+    Returns the figure: a heatmap, a row per output token, a column per source token."""
     w = weights.detach().float().cpu().numpy()
-    fig, ax = plt.subplots(figsize=(1.0 + 0.45 * len(src_tokens), 1.0 + 0.3 * len(tgt_tokens)),
-                           dpi=120)
+    longest_src = max(map(len, src_tokens), default=0)
+    longest_tgt = max(map(len, tgt_tokens), default=0)
+    fontsize = 10 if len(src_tokens) <= 12 else 8  # many source tokens: smaller labels
+    label_room = math.sin(math.radians(60)) * longest_src * FONT_INCHES * fontsize / 10
+    fig = _figure(1.2 + 0.45 * len(src_tokens) + longest_tgt * FONT_INCHES,
+                  1.4 + 0.3 * len(tgt_tokens) + label_room, dpi=120)
+    ax = fig.add_subplot()
     ax.imshow(w, cmap="viridis", aspect="auto", vmin=0.0, vmax=max(float(w.max()), 1e-6))
-    ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=60, ha="right")
+    ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=60, ha="right",
+                  rotation_mode="anchor", fontsize=fontsize)
     ax.set_yticks(range(len(tgt_tokens)), tgt_tokens)
     ax.set_xlabel("source")
     ax.set_ylabel("output")
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _fit(fig)
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+def plot_cross_attention(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str],
+                         path: str | Path, title: str = "cross-attention") -> Path:
+    """:func:`figure_cross_attention` written as a PNG; returns ``path``."""
+    return _save(figure_cross_attention(weights, src_tokens, tgt_tokens, title), path)
 
 
-def plot_attention_grid(weights: torch.Tensor, tokens: list[str], path: str | Path,
-                        title: str = "self-attention") -> Path:
+def figure_attention_grid(weights: torch.Tensor, tokens: list[str],
+                          title: str = "self-attention") -> Figure:
     """``weights (layers, heads, seq, seq)`` as a grid of heatmaps: a row per layer, a column
-    per head; rows of each map are queries, columns keys."""
-    plt = _pyplot()
+    per head; rows of each map are queries, columns keys. Returns the figure, ``title`` above
+    the grid; tokens label the first column and the last row (the other maps have no ticks)."""
     w = weights.detach().float().cpu().numpy()
     n_layers, n_heads = w.shape[:2]
     size = 0.35 * len(tokens) + 0.8
-    fig, axes = plt.subplots(n_layers, n_heads, figsize=(size * n_heads, size * n_layers),
-                             dpi=100, squeeze=False)
+    label_room = max(map(len, tokens), default=0) * FONT_INCHES * 0.6  # 6-point labels
+    fig = _figure(size * n_heads + label_room, size * n_layers + label_room + 0.4, dpi=100)
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    ticks = range(len(tokens))
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
             ax.imshow(w[layer, head], cmap="viridis", vmin=0.0, vmax=1.0)
             ax.set_title(f"layer {layer} head {head}", fontsize=7)
-            ticks = range(len(tokens))
-            ax.set_xticks(ticks, tokens if layer == n_layers - 1 else [], rotation=90,
-                          fontsize=6)
-            ax.set_yticks(ticks, tokens if head == 0 else [], fontsize=6)
+            if layer == n_layers - 1:  # ticks only where labelled: a 6 x 12 grid draws fast
+                ax.set_xticks(ticks, tokens, rotation=90, fontsize=6)
+            else:
+                ax.set_xticks([])
+            if head == 0:
+                ax.set_yticks(ticks, tokens, fontsize=6)
+            else:
+                ax.set_yticks([])
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _fit(fig)
 
 
-def plot_positional_encoding(max_len: int, d_model: int, path: str | Path) -> Path:
-    """The sinusoidal matrix PE (positions × dimensions) of section 3.5."""
+def plot_attention_grid(weights: torch.Tensor, tokens: list[str], path: str | Path,
+                        title: str = "self-attention") -> Path:
+    """:func:`figure_attention_grid` written as a PNG; returns ``path``."""
+    return _save(figure_attention_grid(weights, tokens, title), path)
+
+
+# --- positions, schedules, training ------------------------------------------------------------
+def figure_positional_encoding(max_len: int, d_model: int) -> Figure:
+    """Returns the figure of the sinusoidal matrix PE (positions × dimensions) of section 3.5,
+    with a colour bar."""
     from attnlab.nn import sinusoidal_table
 
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    fig = _figure(7, 4, dpi=120)
+    ax = fig.add_subplot()
     image = ax.imshow(sinusoidal_table(max_len, d_model).numpy(), cmap="RdBu", aspect="auto",
                       vmin=-1, vmax=1)
     ax.set_xlabel("dimension i (even: sin, odd: cos)")
     ax.set_ylabel("position")
     ax.set_title(f"sinusoidal positional encoding, d_model = {d_model}")
     fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _fit(fig)
 
 
-def plot_schedule(schedule, steps: int, path: str | Path, title: str | None = None) -> Path:
-    """Learning rate against step for any schedule (a function of the 1-based step)."""
-    plt = _pyplot()
+def plot_positional_encoding(max_len: int, d_model: int, path: str | Path) -> Path:
+    """:func:`figure_positional_encoding` written as a PNG; returns ``path``."""
+    return _save(figure_positional_encoding(max_len, d_model), path)
+
+
+def figure_schedule(schedule, steps: int, title: str | None = None) -> Figure:
+    """Returns the figure of the learning rate against step for any schedule (a function of
+    the 1-based step), titled ``title`` or the schedule's class name."""
     xs = list(range(1, steps + 1))
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    fig = _figure(6, 3.5, dpi=120)
+    ax = fig.add_subplot()
     ax.plot(xs, [schedule(s) for s in xs])
     ax.set_xlabel("step")
     ax.set_ylabel("learning rate")
     ax.set_title(title or type(schedule).__name__)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _fit(fig)
 
 
-def plot_loss_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
-    """Training loss (and NLL) against step, from metrics.jsonl, as a PNG."""
-    import json
+def plot_schedule(schedule, steps: int, path: str | Path, title: str | None = None) -> Path:
+    """:func:`figure_schedule` written as a PNG; returns ``path``."""
+    return _save(figure_schedule(schedule, steps, title), path)
 
-    plt = _pyplot()
+
+def figure_loss_curve(metrics_path: str | Path) -> Figure:
+    """Returns the figure of the training loss (and NLL) against step, from metrics.jsonl."""
     rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines()]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    fig = _figure(6, 3.5, dpi=120)
+    ax = fig.add_subplot()
     ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="label-smoothed loss")
     ax.plot([r["step"] for r in rows], [r["nll"] for r in rows], label="NLL", alpha=0.8)
     ax.set_xlabel("step")
@@ -110,7 +142,47 @@ def plot_loss_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
-    return Path(png_path)
+    return _fit(fig)
+
+
+def plot_loss_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
+    """:func:`figure_loss_curve` written as a PNG; returns ``png_path``."""
+    return _save(figure_loss_curve(metrics_path), png_path)
+
+
+# --- shared --------------------------------------------------------------------------------------
+def _figure(width: float, height: float, dpi: int) -> Figure:
+    """An empty figure (inches) with constrained layout, on an Agg canvas of its own."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _fit(fig: Figure, tries: int = 8) -> Figure:
+    """Returns ``fig``, grown until the bounding box of everything it draws (titles, tick and
+    axis labels, colour bars) lies inside it. Constrained layout makes room for what sits
+    beside the axes, but not for a title wider than the figure (a short heatmap under a long
+    title) nor for labels in a figure too small for them, so the figure is made wider or taller
+    by twice the larger overflow on each axis (titles are centred) and laid out again."""
+    for _ in range(tries):
+        with warnings.catch_warnings():  # "axes sizes collapsed": the figure is grown below
+            warnings.filterwarnings("ignore", "constrained_layout not applied")
+            fig.draw_without_rendering()
+            box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+        width, height = fig.get_size_inches()
+        over_x = max(-box.x0, box.x1 - width, 0.0)
+        over_y = max(-box.y0, box.y1 - height, 0.0)
+        if max(over_x, over_y) * fig.dpi < 0.5:
+            return fig
+        fig.set_size_inches(width + 2 * over_x + (0.1 if over_x else 0.0),
+                            height + 2 * over_y + (0.1 if over_y else 0.0))
+    return fig
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as the image file ``path`` (PNG by its suffix); returns ``path``."""
+    fig.savefig(path)
+    return Path(path)

@@ -185,7 +185,7 @@ def test_attnlab_names_in_the_readme_exist():
 def test_readme_commands_parse():
     """Every ``attnlab`` line parses, also where its data is missing and it is skipped."""
     parser = build_parser()
-    lines = [line for line in COMMANDS if line.startswith("attnlab ")]
+    lines = [line for line in COMMANDS if line.startswith("attnlab ") and "--version" not in line]
     assert len(lines) >= 20
     for line in lines:
         parser.parse_args(shlex.split(line)[1:])  # SystemExit (a failure) if it does not

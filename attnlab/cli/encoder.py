@@ -9,12 +9,17 @@ import json
 from attnlab.cli.common import add_model_arg, add_runtime_args, announce, runtime, texts
 
 
-def _encoder(args: argparse.Namespace):
-    """The ``--model`` encoder on ``--device``, and the precision to run it in."""
+def _encoder(args: argparse.Namespace, head: str | None = None):
+    """The ``--model`` encoder (with a ``head``, if given) on ``--device``, and the precision
+    to run it in."""
     from attnlab.encoding import load_encoder
+    from attnlab.errors import UnsupportedFormat
 
     device, precision = runtime(args)
     enc = load_encoder(args.model)
+    if head is not None and enc.model.config.head != head:
+        raise UnsupportedFormat(f"{enc.path}: model has head={enc.model.config.head!r}, not "
+                                f"{head!r}, which '{args.command}' needs")
     enc.model.to(device)
     announce(args, enc.path, device, precision)
     return enc, device, precision
@@ -24,7 +29,7 @@ def cmd_classify(args: argparse.Namespace) -> None:
     from attnlab import hardware
     from attnlab.encoding import classify_texts
 
-    enc, device, precision = _encoder(args)
+    enc, device, precision = _encoder(args, head="classify")
     labels = enc.labels or [str(i) for i in range(enc.model.config.num_labels)]
     inputs = texts(args, skip_blank=True)
     with hardware.autocast(device, precision):

@@ -1,13 +1,29 @@
 """``attnlab explain`` (one sentence through the pipeline, checked as it goes) and
-``attnlab plot`` (PNG pictures)."""
+``attnlab plot`` (PNG pictures).
+
+What a command runs is what the user asked for: ``explain`` and ``plot attention``/``cross``
+need a sentence (none is made up), a model is announced on stderr before it runs (a freshly
+initialised tiny one, when no ``--model`` is given, is announced as random), and input a
+command would ignore (a sentence for ``explain --backward`` or ``plot schedule``) is refused.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from attnlab.cli.common import UsageError, add_model_arg, add_out_arg
-from attnlab.errors import AttnlabError
+from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, announce
+from attnlab.errors import AttnlabError, BadInput
+
+if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
+    import torch
+
+# the plots that run a model on a sentence, and an example of their arguments
+EXAMPLES = {"attention": '"the cat sat on the mat"', "cross": '"forty-two" --model runs/demo'}
+QUIET_HELP = "do not print the line saying which model, device, precision and threads the " \
+             "command runs"
 
 
 class CheckFailed(AttnlabError):
@@ -18,15 +34,25 @@ def cmd_explain(args: argparse.Namespace) -> None:
     from attnlab.explain.report import format_backward, format_text
 
     if args.backward:
+        given = [name for name, value in (("sentence", args.sentence), ("--model", args.model),
+                                          ("--compare", args.compare), ("--word", args.word),
+                                          ("--html", args.html)) if value]
+        if given:
+            raise UsageError(f"--backward takes no {', '.join(given)}: it checks one head's "
+                             "gradients on fixed random numbers, not a model")
         print(format_backward(dims=args.dims))
         return
     if not args.sentence:
         raise UsageError("give a sentence to explain (or --backward)")
-    from attnlab.explain.subject import load_subject_model, make_subject
+    if args.word and not args.compare:
+        raise UsageError("--word names the word --compare compares; give --compare SENTENCE")
+    if args.html:
+        _check_can_write(args.html, "--html")
+    from attnlab.explain.subject import make_subject
     from attnlab.explain.walkthrough import compare_word, walk
 
     sentences = [args.sentence] + ([args.compare] if args.compare else [])
-    model, tok, label = load_subject_model(args.model, sentences, args.seed)
+    model, tok, label = _encoder(args, sentences)
     subject = make_subject(model, tok, args.sentence, label)
     w = walk(subject, args.layer, args.head)
     compared = None
@@ -47,11 +73,21 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
     from attnlab import viz
 
+    if args.what in EXAMPLES and not args.sentence:
+        raise UsageError(f"plot {args.what} needs a sentence to run through the model, e.g. "
+                         f"attnlab plot {args.what} {EXAMPLES[args.what]} --out {args.out}")
+    if args.what == "cross" and not args.model:
+        raise UsageError("plot cross needs --model (a translation run or checkpoint)")
+    given = [name for name, value in (("sentence", args.sentence), ("--model", args.model))
+             if value]
+    if args.what not in EXAMPLES and given:
+        raise UsageError(f"plot {args.what} takes no {' or '.join(given)}: it runs no model")
     out = Path(args.out)
+    _check_can_write(out, "--out")
     if args.what == "attention":
-        from attnlab.explain.subject import load_subject_model, make_subject
+        from attnlab.explain.subject import make_subject
 
-        model, tok, label = load_subject_model(args.model, [args.sentence], args.seed)
+        model, tok, label = _encoder(args, [args.sentence])
         subject = make_subject(model, tok, args.sentence, label)
         weights = torch.stack(subject.run_model().weights)  # (layers, heads, seq, seq)
         viz.plot_attention_grid(weights, subject.tokens, out, title=f"self-attention: {label}")
@@ -59,9 +95,8 @@ def cmd_plot(args: argparse.Namespace) -> None:
         from attnlab.generation.translation import cross_attention
         from attnlab.storage import load
 
-        if not args.model:
-            raise UsageError("plot cross needs --model (a translation run or checkpoint)")
         loaded = load(args.model).expect("encoder-decoder", "plot cross")
+        announce(args, loaded.path, *_runs_on(loaded.model))
         weights, src, out_pieces = cross_attention(loaded.model, loaded.tokenizers["source"],
                                                    loaded.tokenizers["target"], args.sentence)
         viz.plot_cross_attention(weights, src, out_pieces, out,
@@ -77,6 +112,50 @@ def cmd_plot(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def _encoder(args: argparse.Namespace, sentences: list[str]):
+    """``(model, tokenizer, label)`` of the encoder to follow, announced on stderr: the one
+    ``--model`` names, else a freshly initialised tiny model (random weights, ``--seed``)
+    whose word vocabulary is ``sentences``."""
+    from attnlab.explain.subject import load_subject_model
+
+    if args.model is None:
+        model, tok, label = load_subject_model(None, sentences, args.seed)
+        announce(args, f"a random tiny model (untrained, seed {args.seed})", *_runs_on(model))
+        return model, tok, label
+    from attnlab.storage import MINILM, load
+
+    loaded = load(args.model)  # what load_subject_model does, keeping the path to announce
+    tok = loaded.tokenizers.get("text") or loaded.tokenizers.get("source")
+    if loaded.kind == "decoder" or tok is None:
+        raise BadInput(f"{args.model}: explain follows an encoder; arch={loaded.kind!r} has none")
+    announce(args, loaded.path, *_runs_on(loaded.model))
+    label = "all-MiniLM-L6-v2 (pretrained)" if args.model == MINILM else str(args.model)
+    return loaded.model, tok, label
+
+
+def _runs_on(model) -> tuple[torch.device, str]:
+    """``(device, precision)`` the model's weights are on and in: what its forward pass uses
+    (these commands use no autocast)."""
+    from attnlab.hardware import DTYPES
+
+    weight = next(model.parameters())
+    names = {dtype: name for name, dtype in DTYPES.items()}
+    return weight.device, names.get(weight.dtype, str(weight.dtype))
+
+
+def _check_can_write(path: str | Path, flag: str) -> None:
+    """Refuse, before any model runs, a file that cannot be written because its folder is
+    missing, is not a folder or is not writable (the error would otherwise come after the
+    line announcing the model, and after the work)."""
+    folder = Path(path).absolute().parent
+    if not folder.exists():
+        raise UsageError(f"{flag} {path}: {folder} does not exist")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {path}: {folder} is not writable")
+
+
 def add_commands(sub) -> None:
     ex = sub.add_parser(
         "explain", help="follow one sentence through an encoder layer, checked as it goes",
@@ -85,7 +164,7 @@ def add_commands(sub) -> None:
                     "feed-forward) for one layer and head, with computed checks.")
     ex.add_argument("sentence", nargs="?", help="the sentence to follow")
     add_model_arg(ex, "minilm, a HF BERT folder or an attnlab run (default: a freshly "
-                      "initialised tiny model)", required=False)
+                      "initialised tiny model, random weights)", required=False)
     ex.add_argument("--layer", type=int, default=0)
     ex.add_argument("--head", type=int, default=0)
     ex.add_argument("--dims", type=int, default=6, help="columns of each matrix to print")
@@ -94,23 +173,27 @@ def add_commands(sub) -> None:
     ex.add_argument("--word", help="the shared word to compare (default: the longest)")
     ex.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
     ex.add_argument("--backward", action="store_true",
-                    help="print one head's gradients by the formulas, checked against autograd")
+                    help="print one head's gradients by the formulas, checked against autograd "
+                         "(on fixed random numbers: no sentence, no model)")
     ex.add_argument("--seed", type=int, default=0, help="seed of the tiny model")
+    ex.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     ex.set_defaults(func=cmd_explain)
 
     pl = sub.add_parser("plot", help="PNG pictures: attention grid, cross-attention, "
                                      "positional encoding, learning-rate schedule",
                         description="Draw a picture as a PNG file.")
     pl.add_argument("what", choices=["attention", "cross", "positional", "schedule"])
-    pl.add_argument("sentence", nargs="?", default="the cat sat on the mat",
-                    help="for attention / cross")
-    add_model_arg(pl, "attention: minilm, a HF BERT folder or a run (default: tiny); cross: a "
-                      "translation run or checkpoint", required=False)
+    pl.add_argument("sentence", nargs="?",
+                    help="attention, cross: the sentence to run through the model (required)")
+    add_model_arg(pl, "attention: minilm, a HF BERT folder or a run (default: a freshly "
+                      "initialised tiny model, random weights); cross: a translation run or "
+                      "checkpoint (required)", required=False)
     add_out_arg(pl, "the PNG file to write", required=True)
-    pl.add_argument("--d-model", type=int, default=512)
+    pl.add_argument("--d-model", type=int, default=512, help="positional, schedule: d_model")
     pl.add_argument("--max-len", type=int, default=100, help="positional: positions to draw")
-    pl.add_argument("--warmup", type=int, default=4000)
-    pl.add_argument("--factor", type=float, default=1.0)
-    pl.add_argument("--steps", type=int, default=20000)
-    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--warmup", type=int, default=4000, help="schedule: warmup steps")
+    pl.add_argument("--factor", type=float, default=1.0, help="schedule: the lr's factor")
+    pl.add_argument("--steps", type=int, default=20000, help="schedule: steps to draw")
+    pl.add_argument("--seed", type=int, default=0, help="attention: seed of the tiny model")
+    pl.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     pl.set_defaults(func=cmd_plot)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from attnlab.cli.common import (
     add_model_arg,
@@ -50,10 +51,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from attnlab.data import read_lines
     from attnlab.generation.translation import translate
 
-    loaded, device, precision = _translator(args, "evaluate")
     src, ref = read_lines(args.src), read_lines(args.ref)  # the test corpus, as it is
     if len(src) != len(ref):
         raise UsageError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    if args.out:  # a folder that cannot be made fails now, not after decoding
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    loaded, device, precision = _translator(args, "evaluate")
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
     target = loaded.tokenizers["target"]

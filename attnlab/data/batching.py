@@ -74,10 +74,16 @@ class TranslationBatches:
             while self.position < len(order):
                 batch = self.batches[order[self.position]]
                 self.position += 1
-                mine = batch[self.rank :: self.world] or batch[:1]
-                yield TranslationBatch(pad([self.src[i] for i in mine], self.pad_id),
-                                       pad([self.tgt[i] for i in mine], self.pad_id))
+                yield self._padded(batch[self.rank :: self.world] or batch[:1])
             self.epoch, self.position = self.epoch + 1, 0
+
+    def _padded(self, indices: list[int]) -> TranslationBatch:
+        return TranslationBatch(pad([self.src[i] for i in indices], self.pad_id),
+                                pad([self.tgt[i] for i in indices], self.pad_id))
+
+    def one_pass(self) -> list[TranslationBatch]:
+        """Every batch once, in a fixed order, unsharded: a validation set's batches."""
+        return [self._padded(batch) for batch in self.batches]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

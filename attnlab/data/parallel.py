@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import random
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,24 +91,55 @@ def filter_by_length(src: list[list[int]], tgt: list[list[int]], max_len: int):
 
 @dataclass
 class Corpus:
+    """Training pairs and held-out pairs (``test``; none when no validation data was asked
+    for). ``held_out`` says where the held-out pairs come from, for the ``data:`` line."""
+
     train: list[tuple[str, str]]
     test: list[tuple[str, str]]
+    held_out: str = "no validation data"
 
 
 def load_corpus(task: str | None, src: str | None, tgt: str | None, n_train: int = 200_000,
-                n_test: int = 500, seed: int = 0) -> Corpus:
-    """The numbers task, or parallel files (a seeded shuffle; ``n_test`` pairs, at most a
-    tenth, held out)."""
+                n_test: int | None = None, seed: int = 0, valid_src: str | None = None,
+                valid_tgt: str | None = None) -> Corpus:
+    """The numbers task (``n_test`` numbers held out, 500 by default), or parallel files:
+    all their pairs train (in file order) unless validation data is asked for, either the
+    last ``n_test`` pairs of the files held out or separate ``valid_src`` and ``valid_tgt``
+    files. Pairs with an empty side are left out. Returns the :class:`Corpus`."""
+    valid = valid_src or valid_tgt
+    if n_test is not None and n_test < 0:
+        raise BadInput(f"the number of held-out pairs must be >= 0, got {n_test}")
     if task == "numbers":
         from attnlab.data.numbers import numbers_corpus
 
+        if valid:
+            raise BadInput("the numbers task holds out its own numbers: give --holdout N, "
+                           "not --valid-src/--valid-tgt")
+        n_test = 500 if n_test is None else n_test
         train, test = numbers_corpus(n_train, n_test, seed)
-        return Corpus(train, test)
+        return Corpus(train, test, f"{len(test)} held-out numbers never seen in training")
     if task is not None:
         raise BadInput(f"unknown task {task!r}; the built-in task is 'numbers'")
     if not (src and tgt):
         raise BadInput("give --task numbers, or both --src FILE and --tgt FILE")
-    pairs = [p for p in read_parallel(src, tgt) if p[0] and p[1]]
-    random.Random(seed).shuffle(pairs)
-    n_test = min(n_test, len(pairs) // 10)
-    return Corpus(pairs[n_test:], pairs[:n_test])
+    if valid and not (valid_src and valid_tgt):
+        raise BadInput("give both --valid-src FILE and --valid-tgt FILE")
+    if valid and n_test:
+        raise BadInput("give --valid-src/--valid-tgt or --holdout N, not both")
+    pairs = _sentence_pairs(src, tgt)
+    if valid:
+        test = _sentence_pairs(valid_src, valid_tgt)
+        return Corpus(pairs, test, f"validation: {len(test)} pairs from {valid_src} and "
+                                   f"{valid_tgt}")
+    if not n_test:
+        return Corpus(pairs, [])
+    if n_test >= len(pairs):
+        raise BadInput(f"holding out {n_test} pairs leaves none to train on: {src} and {tgt} "
+                       f"hold {len(pairs)} sentence pairs")
+    return Corpus(pairs[:-n_test], pairs[-n_test:],
+                  f"validation: the last {n_test} pairs of {src} and {tgt}, held out")
+
+
+def _sentence_pairs(src: str | os.PathLike, tgt: str | os.PathLike) -> list[tuple[str, str]]:
+    """The pairs of two parallel files whose sides are both non-empty."""
+    return [p for p in read_parallel(src, tgt) if p[0] and p[1]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from attnlab.config import ModelConfig
 from attnlab.errors import BadInput, MissingFile
 from attnlab.storage import (
     CheckpointError,
+    checkpoint_step,
     list_checkpoints,
     load_model_dir,
     load_state,
@@ -68,13 +70,18 @@ def average_checkpoints(folders: list[Path]) -> dict[str, torch.Tensor]:
 
 def write_average(run: str | os.PathLike, last: int = 5, out: str | os.PathLike | None = None):
     """Average the ``last`` newest checkpoints of a run into a model folder (default
-    ``run/final``), which ``attnlab.load(run)`` then prefers. Returns ``(folder, used)``."""
+    ``run/final``), which ``attnlab.load(run)`` then prefers; a run with fewer checkpoints
+    is averaged over those it has, with a warning saying how many. Returns
+    ``(folder, used)``, ``used`` the checkpoint folders averaged."""
     if last < 1:  # ckpts[-0:] would silently average every checkpoint
         raise BadInput(f"average the last N >= 1 checkpoints, got {last}")
     ckpts = list_checkpoints(Path(run) / "checkpoints") or list_checkpoints(run)
     if not ckpts:
         raise MissingFile(f"no checkpoints under {run}")
     chosen = ckpts[-last:]
+    if len(chosen) < last:
+        warnings.warn(f"asked for the last {last} checkpoints, {run} has only {len(chosen)}: "
+                      f"averaged {len(chosen)}", stacklevel=2)
     model, config, tokenizers = load_model_dir(chosen[-1])
     averaged = average_checkpoints(chosen)
     _, unexpected = model.load_state_dict(averaged, strict=False)
@@ -84,5 +91,6 @@ def write_average(run: str | os.PathLike, last: int = 5, out: str | os.PathLike 
     if unexpected or any(id(p) not in loaded for p in model.parameters()):
         raise CheckpointError(f"{chosen[-1]}: checkpoints do not match the model")
     out = Path(run) / "final" if out is None else Path(out)
-    save_model_dir(out, model, config, {k: t.to_dict() for k, t in tokenizers.items()})
+    save_model_dir(out, model, config, {k: t.to_dict() for k, t in tokenizers.items()},
+                   step=checkpoint_step(chosen[-1]))
     return out, chosen

@@ -114,10 +114,11 @@ def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
     model = recipe.build(prepared).to(hardware.pick_device(train_config.device))
     tokenizers = {role: tok.to_dict() for role, tok in prepared.tokenizers.items()}
     trainer = Trainer(model, prepared.batches, train_config, out_dir, tokenizers,
-                      model.config, prepared.task, prepared.val_batches)
+                      model.config, prepared.task, prepared.val_batches, log)
     if resume and trainer.resume() and rank == 0:
         log(f"resumed from step {trainer.step}")
     history = trainer.fit()
+    prepared.state["step"] = trainer.step  # what final/ records it was made at
     results = recipe.finish(model, prepared, out_dir, rank)
     return TrainedRun(model.eval(), prepared.tokenizers, history, results)
 
@@ -127,7 +128,8 @@ def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
 class TranslationRecipe(Recipe):
     """Source ``... eos``, target ``bos ... eos``. ``shared`` (e.g. a BPE tokenizer trained on
     both sides) gives the paper's setup: one vocabulary and one embedding matrix for source,
-    target and output; otherwise each side learns its own word or character vocabulary."""
+    target and output; otherwise each side learns its own word or character vocabulary from
+    the training pairs. The corpus's held-out pairs (if any) give the validation loss."""
 
     arch = "encoder-decoder"
     corpus: Corpus
@@ -145,22 +147,36 @@ class TranslationRecipe(Recipe):
             tgt_tok = TOKENIZERS[self.tgt_tokenizer].train(t for _, t in self.corpus.train)
             config = dataclasses.replace(model_config, vocab_size=src_tok.vocab_size,
                                          tgt_vocab_size=tgt_tok.vocab_size)
-        src, tgt, report = filter_by_length(
-            [src_tok.encode(s, add_eos=True) for s, _ in self.corpus.train],
-            [tgt_tok.encode(t, add_bos=True, add_eos=True) for _, t in self.corpus.train],
-            config.max_len)
+        src, tgt, report = _encode_pairs(self.corpus.train, src_tok, tgt_tok, config.max_len)
         if not src:
             raise BadInput(f"empty corpus after length filtering: {report}")
         seq = max(max(map(len, src)), max(map(len, tgt)))  # the longest padded sequence
         build.check_training_memory(config, max(1, train_config.max_tokens // seq), seq,
                                     f"--max-tokens {train_config.max_tokens}",
                                     train_config.device_for_memory)
+        val_src, val_tgt, val_report = _encode_pairs(self.corpus.test, src_tok, tgt_tok,
+                                                     config.max_len)
+        held_out = self.corpus.held_out
+        if val_report.kept < len(self.corpus.test):
+            held_out += f" ({val_report.kept} of them within {config.max_len} tokens)"
         return Prepared(config, {"source": src_tok, "target": tgt_tok},
                         TranslationBatches(src, tgt, train_config.max_tokens,
-                                           seed=train_config.seed),
+                                           seed=train_config.seed, pad_id=config.pad_id),
                         Seq2Seq(config.pad_id, train_config.label_smoothing),
-                        f"{report}; vocabularies {src_tok.vocab_size} (source) and "
-                        f"{tgt_tok.vocab_size} (target)")
+                        f"{report}; {held_out}; vocabularies {src_tok.vocab_size} (source) "
+                        f"and {tgt_tok.vocab_size} (target)",
+                        val_batches=TranslationBatches(
+                            val_src, val_tgt, train_config.max_tokens,
+                            pad_id=config.pad_id).one_pass() or None)
+
+
+def _encode_pairs(pairs: list[tuple[str, str]], src_tok: Tokenizer, tgt_tok: Tokenizer,
+                  max_len: int):
+    """Source ``... eos`` and target ``bos ... eos`` ids of the pairs within ``max_len``
+    tokens: ``(src, tgt, report)`` as :func:`~attnlab.data.filter_by_length` returns them."""
+    return filter_by_length([src_tok.encode(s, add_eos=True) for s, _ in pairs],
+                            [tgt_tok.encode(t, add_bos=True, add_eos=True) for _, t in pairs],
+                            max_len)
 
 
 @dataclass
@@ -193,13 +209,15 @@ class LMRecipe(Recipe):
         if self.block + 1 >= len(train_ids):
             raise BadInput(f"--block {self.block}: the training text has only "
                            f"{len(train_ids):,} tokens (windows need block + 1)")
+        batches = LMBatches(train_ids, self.block, self.batch_size, train_config.seed)
         config = dataclasses.replace(model_config, vocab_size=tok.vocab_size,
-                                     max_len=max(model_config.max_len, self.block))
+                                     max_len=max(model_config.max_len, self.block),
+                                     block_size=self.block)  # generation keeps within it
         build.check_training_memory(config, self.batch_size, self.block,
                                     f"--block {self.block} --batch {self.batch_size}",
                                     train_config.device_for_memory)
         return Prepared(config, {"text": tok},
-                        LMBatches(train_ids, self.block, self.batch_size, train_config.seed),
+                        batches,
                         CausalLM(train_config.label_smoothing),
                         f"{len(train_ids):,} training and {len(val_ids):,} validation tokens "
                         f"({self.tokenizer} tokenizer, vocabulary {tok.vocab_size})",
@@ -329,7 +347,8 @@ class ClassifyRecipe(Recipe):
             model, prepared.state["test"], device, n).items()})
         if rank == 0:
             save_model_dir(out_dir / "final", model, model.config,
-                           {k: t.to_dict() for k, t in prepared.tokenizers.items()})
+                           {k: t.to_dict() for k, t in prepared.tokenizers.items()},
+                           step=prepared.state["step"])
         return results
 
 

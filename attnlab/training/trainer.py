@@ -21,6 +21,7 @@ import os
 import random
 import signal
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,22 @@ class TrainConfig:
         if not self.label_smoothing < 1:
             raise BadInput(f"label_smoothing must be < 1, got {self.label_smoothing!r}")
         hardware.precision_name(self.precision)  # an unknown name is a named error here
+        self.steps = _capped(self.steps)
+
+
+def _capped(steps: int) -> int:
+    """``steps``, or fewer under ``ATTNLAB_MAX_STEPS=N`` (a smoke test of a recipe: the README's
+    commands run in the test suite so), with a warning saying so."""
+    cap = os.environ.get("ATTNLAB_MAX_STEPS", "")
+    if not cap:
+        return steps
+    if not cap.isdigit() or int(cap) < 1:
+        raise BadInput(f"ATTNLAB_MAX_STEPS={cap!r}: expected a whole number >= 1")
+    if steps > int(cap):
+        warnings.warn(f"ATTNLAB_MAX_STEPS={cap}: training stops at step {cap}, not {steps}",
+                      stacklevel=3)
+        return int(cap)
+    return steps
 
 
 _FAULT_SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
@@ -136,11 +153,13 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.opti
 
 class Trainer:
     """Trains ``model`` on ``batches`` (e.g. :class:`TranslationBatches`, :class:`LMBatches`);
-    ``task`` (:mod:`attnlab.training.tasks`) says how a batch becomes a loss."""
+    ``task`` (:mod:`attnlab.training.tasks`) says how a batch becomes a loss. Each validation
+    pass (``val_batches``, every ``eval_every`` steps) is one line through ``log`` on rank 0,
+    above the progress bar: ``step 250: val loss 2.5712 (best 2.5712)``."""
 
     def __init__(self, model: nn.Module, batches, config: TrainConfig, out_dir: str | Path,
-                 tokenizers: dict[str, dict], model_config, task, val_batches=None):
-        self.cfg = config
+                 tokenizers: dict[str, dict], model_config, task, val_batches=None, log=print):
+        self.cfg, self.log = config, log
         self.out_dir = Path(out_dir)
         self.rank, self.world = distributed.rank_and_world()
         self.is_main = self.rank == 0
@@ -158,7 +177,7 @@ class Trainer:
         if config.compile:
             self.train_model = torch.compile(self.train_model)
         self.step = 0
-        self.best_val, self.evals_since_best = math.inf, 0  # early stopping
+        self.best_val, self.evals_since_best = math.inf, 0  # the best so far; early stopping
         self.fault = _fault_hook()
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -269,18 +288,28 @@ class Trainer:
                               f"{kept[-1] if kept else 'none written yet'}") from None
 
     def _track_best(self, val_loss: float) -> bool:
-        """Keep the best model so far in ``out_dir/best`` (when early stopping is on); True
-        when ``patience`` validation passes in a row brought no improvement."""
-        if not self.cfg.patience:
-            return False
+        """Note the best validation loss so far and, when early stopping is on, keep that
+        model in ``out_dir/best``. Returns True when ``patience`` validation passes in a row
+        brought no improvement (never when early stopping is off)."""
         if val_loss < self.best_val:
             self.best_val, self.evals_since_best = val_loss, 0
-            if self.is_main:
+            if self.cfg.patience and self.is_main:
                 save_model_dir(self.out_dir / "best", self.model, self.model_config,
-                               self.tokenizers)
+                               self.tokenizers, step=self.step)
         else:
             self.evals_since_best += 1
-        return self.evals_since_best >= self.cfg.patience
+        return bool(self.cfg.patience) and self.evals_since_best >= self.cfg.patience
+
+    def _validate(self, bar) -> float:
+        """One validation pass, said on rank 0 with the best loss so far, above the progress
+        bar (a plain line when the bar is off). Returns the loss (for :meth:`_track_best`)."""
+        val_loss = evaluate(self.model, self.task, self.val_batches, self.device,
+                            self.precision)
+        if self.is_main:
+            with bar.external_write_mode():  # clears the bar, then draws it again below
+                self.log(f"step {self.step}: val loss {val_loss:.4f} "
+                         f"(best {min(val_loss, self.best_val):.4f})")
+        return val_loss
 
     # --- the loop ------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
@@ -312,8 +341,7 @@ class Trainer:
                     row.update(step=self.step, time=elapsed, tokens_per_s=tokens / elapsed)
                     if self.val_batches and self.cfg.eval_every and (
                             self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
-                        row["val_loss"] = evaluate(self.model, self.task, self.val_batches,
-                                                   self.device, self.precision)
+                        row["val_loss"] = self._validate(bar)
                         stop_early = self._track_best(row["val_loss"])
                     else:
                         stop_early = False

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import traceback
 from dataclasses import dataclass
 
 from attnlab.cli import main
+
+RUNNING = re.compile(r"^attnlab [a-z]+: running .+ on \S+, .+, \d+ threads$")
 
 
 @dataclass
@@ -54,7 +57,8 @@ def assert_bad_input(r: Result, *names: str) -> str:
     (a flag, a file); never a traceback. Returns that line."""
     assert "Traceback" not in r.err, f"a traceback instead of a one-line error:\n{r.err}"
     assert r.code == 2, f"exit code {r.code!r}, expected 2; stderr: {r.err!r}"
-    lines = r.err.strip().splitlines()
+    # the line saying what a command runs comes first when the input is found bad while running
+    lines = [line for line in r.err.strip().splitlines() if not RUNNING.match(line)]
     assert len(lines) == 1, f"stderr is {len(lines)} lines, expected one: {r.err!r}"
     assert lines[0].startswith("attnlab"), lines[0]
     for name in names:

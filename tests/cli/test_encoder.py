@@ -11,6 +11,8 @@ Here: ``embed`` of an attnlab run (``train mlm``), and bad input for both.
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -23,7 +25,8 @@ SENTENCES = ["alpha bravo charlie delta", "alpha bravo charlie delta", "kilo lim
 def test_embed_a_trained_run_prints_cosines_and_unit_vectors(capsys, mlm_run):
     r = cli(capsys, "embed", "--model", mlm_run.path, "--device", "cpu", "--precision", "fp32",
             *SENTENCES)
-    assert r.code == 0 and r.err == "", r.err
+    assert r.code == 0 and [line.split(" on ")[0] for line in r.err.splitlines()] == [
+        f"attnlab embed: running {sorted((mlm_run.path / 'checkpoints').iterdir())[-1]}"], r.err
     d_model = ModelConfig.from_preset("bert-tiny").d_model
     assert r.out.count(f"({d_model} dims)") == 3
     rows = r.out.split("cosine similarity:\n", 1)[1].splitlines()[1:]
@@ -63,3 +66,17 @@ def test_embed_refuses_a_translation_model(capsys, translation_run):
     assert_bad_input(r, str(translation_run.path))
     assert r.out == ""
 
+
+
+def test_embed_json_into_head_ends_quietly(mlm_run, tmp_path):
+    """``attnlab embed --json | head -c 10``: the reader goes away after 10 bytes; attnlab ends
+    without a traceback (exit 141, as a command killed by SIGPIPE), and head got its bytes."""
+    (tmp_path / "texts.txt").write_text("alpha bravo charlie\n" * 3000)  # far over a pipe buffer
+    done = subprocess.run(
+        f"{sys.executable} -m attnlab.cli embed --model {mlm_run.path} --json --device cpu "
+        f"--quiet < {tmp_path / 'texts.txt'} 2> {tmp_path / 'err'} | head -c 10; "
+        "echo \" ${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash", capture_output=True,
+        text=True, timeout=120)
+    out, code = done.stdout.rsplit(" ", 1)
+    assert out == '{"text": "' and code.strip() == "141"
+    assert (tmp_path / "err").read_text() == ""
