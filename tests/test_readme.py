@@ -34,16 +34,16 @@ BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
 SHARED = ROOT.parent / "shared" / "data"
 STEPS = "3"  # ATTNLAB_MAX_STEPS while the README runs
 
-# what the README fetches or names -> (the file in ../shared/data, lines kept); a few hundred
-# lines keep the README's commands to seconds each
+# what the README fetches or names -> (the file in ../shared/data, lines kept, every n-th line);
+# a few hundred lines keep the README's commands to seconds each
 URLS = {"https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
         "input.txt": "input.txt"}
 DATA = {
-    "input.txt": ("tinyshakespeare/input.txt", 3000),
-    **{f"multi30k/{part}.{lang}.gz": (f"multi30k/{part}.{lang}.gz", n)
+    "input.txt": ("tinyshakespeare/input.txt", 3000, 1),
+    **{f"multi30k/{part}.{lang}.gz": (f"multi30k/{part}.{lang}.gz", n, 1)
        for part, n in (("train", 400), ("val", 40), ("test_2016_flickr", 20))
        for lang in ("de", "en")},
-    "emails.jsonl.gz": ("spam/emails.jsonl.gz", 300),
+    "emails.jsonl.gz": ("spam/emails.jsonl.gz", 300, 20),  # ham and spam, not the ham first
 }
 
 
@@ -71,7 +71,7 @@ def workdir(tmp_path_factory) -> Path:
 
 def provide(name: str, workdir: Path) -> str | None:
     """Put README file ``name`` in ``workdir`` from ../shared/data; the reason when it cannot."""
-    source, keep = DATA[name]
+    source, keep, every = DATA[name]
     path = SHARED / source
     if not path.exists():
         return f"{name} comes from {path}, which is not on this machine"
@@ -80,7 +80,7 @@ def provide(name: str, workdir: Path) -> str | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt", encoding="utf-8") as f:
-            lines = [line for _, line in zip(range(keep), f, strict=False)]
+            lines = [line for i, line in enumerate(f) if i % every == 0][:keep]
         with opener(target, "wt", encoding="utf-8") as f:
             f.writelines(lines)
     return None
@@ -189,3 +189,15 @@ def test_readme_commands_parse():
     assert len(lines) >= 20
     for line in lines:
         parser.parse_args(shlex.split(line)[1:])  # SystemExit (a failure) if it does not
+
+
+def test_the_readme_multi30k_commands_are_the_benchmarked_ones():
+    """benchmarks/multi30k.py (whose figure the README quotes) runs these very lines."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        benchmark = importlib.import_module("multi30k")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert len(benchmark.COMMANDS) == 3
+    for command in benchmark.COMMANDS:
+        assert " ".join(command.split()) in [" ".join(line.split()) for line in COMMANDS]

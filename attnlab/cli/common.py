@@ -60,6 +60,13 @@ def add_preset_args(p: argparse.ArgumentParser, default: str, examples: str = ""
                         "('attnlab info --preset NAME' shows the fields)")
 
 
+def add_quiet_arg(p: argparse.ArgumentParser) -> None:
+    """``--quiet``: no line saying what the command runs (:func:`announce`)."""
+    p.add_argument("--quiet", action="store_true",
+                   help="do not print what the command runs: the model, device, precision "
+                        "and threads (and the sampling seed)")
+
+
 def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> None:
     """``--device`` and ``--precision`` (attnlab.hardware decides what ``auto`` means);
     ``legacy`` keeps ``--bf16`` or ``--fp32`` as a deprecated alias for one release."""
@@ -70,9 +77,7 @@ def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> N
                         "fp16 with loss scaling on a CUDA GPU without bf16, else fp32 (default: "
                         "$ATTNLAB_PRECISION, else auto; 'attnlab info --hardware' shows it). "
                         "Autocast over fp32 weights, except generate, which casts the weights")
-    p.add_argument("--quiet", action="store_true",
-                   help="do not print what the command runs: the model, device, precision "
-                        "and threads (and the sampling seed)")
+    add_quiet_arg(p)
     if legacy:
         p.add_argument(legacy, dest="legacy_precision", action="store_const",
                        const=legacy.removeprefix("--"),

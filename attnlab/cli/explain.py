@@ -14,16 +14,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, announce
-from attnlab.errors import AttnlabError, BadInput
+from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, add_quiet_arg, announce
+from attnlab.errors import AttnlabError
 
 if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
     import torch
 
 # the plots that run a model on a sentence, and an example of their arguments
 EXAMPLES = {"attention": '"the cat sat on the mat"', "cross": '"forty-two" --model runs/demo'}
-QUIET_HELP = "do not print the line saying which model, device, precision and threads the " \
-             "command runs"
 
 
 class CheckFailed(AttnlabError):
@@ -116,21 +114,11 @@ def _encoder(args: argparse.Namespace, sentences: list[str]):
     """``(model, tokenizer, label)`` of the encoder to follow, announced on stderr: the one
     ``--model`` names, else a freshly initialised tiny model (random weights, ``--seed``)
     whose word vocabulary is ``sentences``."""
-    from attnlab.explain.subject import load_subject_model
+    from attnlab.explain.subject import subject_model
 
-    if args.model is None:
-        model, tok, label = load_subject_model(None, sentences, args.seed)
-        announce(args, f"a random tiny model (untrained, seed {args.seed})", *_runs_on(model))
-        return model, tok, label
-    from attnlab.storage import MINILM, load
-
-    loaded = load(args.model)  # what load_subject_model does, keeping the path to announce
-    tok = loaded.tokenizers.get("text") or loaded.tokenizers.get("source")
-    if loaded.kind == "decoder" or tok is None:
-        raise BadInput(f"{args.model}: explain follows an encoder; arch={loaded.kind!r} has none")
-    announce(args, loaded.path, *_runs_on(loaded.model))
-    label = "all-MiniLM-L6-v2 (pretrained)" if args.model == MINILM else str(args.model)
-    return loaded.model, tok, label
+    model, tok, label, source = subject_model(args.model, sentences, args.seed)
+    announce(args, source, *_runs_on(model))
+    return model, tok, label
 
 
 def _runs_on(model) -> tuple[torch.device, str]:
@@ -176,7 +164,7 @@ def add_commands(sub) -> None:
                     help="print one head's gradients by the formulas, checked against autograd "
                          "(on fixed random numbers: no sentence, no model)")
     ex.add_argument("--seed", type=int, default=0, help="seed of the tiny model")
-    ex.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+    add_quiet_arg(ex)
     ex.set_defaults(func=cmd_explain)
 
     pl = sub.add_parser("plot", help="PNG pictures: attention grid, cross-attention, "
@@ -195,5 +183,5 @@ def add_commands(sub) -> None:
     pl.add_argument("--factor", type=float, default=1.0, help="schedule: the lr's factor")
     pl.add_argument("--steps", type=int, default=20000, help="schedule: steps to draw")
     pl.add_argument("--seed", type=int, default=0, help="attention: seed of the tiny model")
-    pl.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+    add_quiet_arg(pl)
     pl.set_defaults(func=cmd_plot)

@@ -25,7 +25,6 @@ def _translator(args: argparse.Namespace, command: str):
     device, precision = runtime(args)
     loaded = load(args.model).expect("encoder-decoder", command)
     loaded.model.to(device)
-    announce(args, loaded.path, device, precision)
     return loaded, device, precision
 
 
@@ -36,6 +35,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
     loaded, device, precision = _translator(args, "translate")
     sentences = texts(args, required=False)
     warn_unknown(loaded.tokenizers["source"], sentences, "input")
+    announce(args, loaded.path, device, precision)
     with hardware.autocast(device, precision):
         hyps = translate(loaded.model, loaded.tokenizers["source"], loaded.tokenizers["target"],
                          sentences)
@@ -51,12 +51,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from attnlab.data import read_lines
     from attnlab.generation.translation import translate
 
+    loaded, device, precision = _translator(args, "evaluate")
     src, ref = read_lines(args.src), read_lines(args.ref)  # the test corpus, as it is
     if len(src) != len(ref):
         raise UsageError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
     if args.out:  # a folder that cannot be made fails now, not after decoding
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    loaded, device, precision = _translator(args, "evaluate")
+    announce(args, loaded.path, device, precision)
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
     target = loaded.tokenizers["target"]

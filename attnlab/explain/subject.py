@@ -88,8 +88,14 @@ def _tiny(sentences: list[str], seed: int):
 
 def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
     """``(model, tokenizer, label)`` for ``--model``: None (tiny), ``minilm``, or a folder."""
+    return subject_model(spec, sentences, seed)[:3]
+
+
+def subject_model(spec: str | None, sentences: list[str], seed: int = 0):
+    """``(model, tokenizer, label, source)``: :func:`load_subject_model`'s three, and what the
+    model was read from (the folder or file), or a phrase saying it is a random tiny one."""
     if spec is None:
-        return _tiny(sentences, seed)
+        return (*_tiny(sentences, seed), f"a random tiny model (untrained, seed {seed})")
     from attnlab.storage import MINILM, load
 
     loaded = load(spec)
@@ -97,7 +103,7 @@ def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
     if loaded.kind == "decoder" or tok is None:
         raise BadInput(f"{spec}: explain follows an encoder; arch={loaded.kind!r} has none")
     label = "all-MiniLM-L6-v2 (pretrained)" if spec == MINILM else str(spec)
-    return loaded.model, tok, label
+    return loaded.model, tok, label, loaded.path
 
 
 def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subject:

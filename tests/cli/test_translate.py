@@ -75,3 +75,13 @@ def test_translate_stdin_that_is_not_utf8_is_named(capsys, monkeypatch, translat
                                                       encoding="utf-8"))
     r = cli(capsys, "translate", "--model", translation_run.path, "--device", "cpu")
     assert_bad_input(r, "standard input")
+
+
+def test_words_outside_the_source_vocabulary_are_named(capsys, translation_run):
+    """The demo's translator knows number words only: 'apples' is named in one warning (it
+    would otherwise be dropped without a word) and translation goes on."""
+    r = cli(capsys, "translate", "--model", translation_run.path, "forty-two apples", "--device",
+            "cpu", "--quiet")
+    assert r.code == 0 and len(r.out.splitlines()) == 1
+    assert r.err.splitlines() == ["attnlab: warning: input: 1 symbol(s) not in the model's "
+                                  "vocabulary, read as <unk>: 'apples'"]
