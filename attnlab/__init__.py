@@ -12,8 +12,7 @@ from attnlab.interop import from_pretrained, save_pretrained  # noqa: E402
 from attnlab.models import BERT, GPT, Transformer  # noqa: E402
 from attnlab.params import count_parameters, parameter_breakdown  # noqa: E402
 from attnlab.storage import Loaded, load  # noqa: E402
-
-__version__ = "0.1.0"
+from attnlab.version import __version__  # noqa: E402, F401
 
 __all__ = ["ModelConfig", "PRESETS", "Transformer", "GPT", "BERT", "build_model", "load", "Loaded",
            "from_pretrained", "save_pretrained", "count_parameters", "parameter_breakdown"]

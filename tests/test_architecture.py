@@ -16,7 +16,7 @@ PACKAGE = ROOT / "attnlab"
 
 # bottom to top: a unit may import from its own layer and the layers below it
 LAYERS = [
-    {"errors"},
+    {"errors", "version"},
     {"hardware", "config", "params"},
     {"nn", "tokenizers"},
     {"models"},

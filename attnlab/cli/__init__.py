@@ -62,12 +62,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser for every command, or only for ``command``'s family."""
-    from importlib.metadata import PackageNotFoundError, version
+    from attnlab.version import __version__
 
-    try:
-        __version__ = version("attnlab")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        __version__ = "unknown (not installed)"
     parser = _Parser(prog="attnlab", description="Build, train, run and inspect Transformers.")
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     parser.add_argument("--debug", action="store_true",

@@ -40,19 +40,18 @@ def add_model_arg(p: argparse.ArgumentParser, what: str, required: bool = True,
 def add_out_arg(p: argparse.ArgumentParser, what: str, default: str | None = None,
                 required: bool = False) -> None:
     """``--out``: where a command writes its result (a run folder, a file)."""
-    shown = f" (default: {default})" if default else ""
-    p.add_argument("--out", default=default, required=required, help=f"{what}{shown}")
+    p.add_argument("--out", default=default, required=required, help=what)
 
 
-def add_preset_args(p: argparse.ArgumentParser, default: str, examples: str = "") -> None:
+def add_preset_args(p: argparse.ArgumentParser, default: str, any_arch: bool = False) -> None:
     """``--preset NAME`` and repeatable ``--set KEY=VALUE`` overrides of its fields. The help
-    lists the presets of the default's architecture (``info`` takes any: it lists all)."""
+    lists the presets of the default's architecture (``any_arch``: every preset)."""
     from attnlab.config import PRESETS
 
     def arch(name: str) -> str:
         return PRESETS[name].get("arch", "encoder-decoder")
 
-    names = [n for n in PRESETS if p.prog.endswith(" info") or arch(n) == arch(default)]
+    names = [n for n in PRESETS if any_arch or arch(n) == arch(default)]
     p.add_argument("--preset", default=default, metavar="NAME",
                    help=f"model preset: {', '.join(names)}")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -63,15 +62,15 @@ def add_preset_args(p: argparse.ArgumentParser, default: str, examples: str = ""
 def add_quiet_arg(p: argparse.ArgumentParser) -> None:
     """``--quiet``: no line saying what the command runs (:func:`announce`)."""
     p.add_argument("--quiet", action="store_true",
-                   help="do not print what the command runs: the model, device, precision "
-                        "and threads (and the sampling seed)")
+                   help="do not print the line saying what the command runs: the model, "
+                        "device, precision and threads")
 
 
 def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> None:
     """``--device`` and ``--precision`` (attnlab.hardware decides what ``auto`` means);
     ``legacy`` keeps ``--bf16`` or ``--fp32`` as a deprecated alias for one release."""
     p.add_argument("--device", default="auto",
-                   help="auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps (default: auto)")
+                   help="auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
                    help="auto: bf16 where the hardware runs it natively and faster than fp32, "
                         "fp16 with loss scaling on a CUDA GPU without bf16, else fp32 (default: "
@@ -128,7 +127,7 @@ def runtime(args: argparse.Namespace, say=None) -> tuple[torch.device, str]:
         asked = legacy
     device = hardware.pick_device(args.device)
     precision = hardware.pick_precision(asked, device)
-    if say is not None:
+    if say is not None and not getattr(args, "quiet", False):
         auto = hardware.precision_name(asked) == "auto"
         why = f" (auto: {hardware.auto_precision(device)[1]})" if auto else ""
         import torch

@@ -21,7 +21,6 @@ def _encoder(args: argparse.Namespace, head: str | None = None):
         raise UnsupportedFormat(f"{enc.path}: model has head={enc.model.config.head!r}, not "
                                 f"{head!r}, which '{args.command}' needs")
     enc.model.to(device)
-    announce(args, enc.path, device, precision)
     return enc, device, precision
 
 
@@ -32,6 +31,7 @@ def cmd_classify(args: argparse.Namespace) -> None:
     enc, device, precision = _encoder(args, head="classify")
     labels = enc.labels or [str(i) for i in range(enc.model.config.num_labels)]
     inputs = texts(args, skip_blank=True)
+    announce(args, enc.path, device, precision)
     with hardware.autocast(device, precision):
         probs = classify_texts(enc, inputs)
     for text, p in zip(inputs, probs, strict=True):
@@ -45,6 +45,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
     enc, device, precision = _encoder(args)
     inputs = texts(args, skip_blank=True)
+    announce(args, enc.path, device, precision)
     with hardware.autocast(device, precision):
         vectors = embed_sentences(enc, inputs, normalize=not args.no_normalize).float()
     if args.json:

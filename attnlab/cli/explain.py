@@ -114,9 +114,9 @@ def _encoder(args: argparse.Namespace, sentences: list[str]):
     """``(model, tokenizer, label)`` of the encoder to follow, announced on stderr: the one
     ``--model`` names, else a freshly initialised tiny model (random weights, ``--seed``)
     whose word vocabulary is ``sentences``."""
-    from attnlab.explain.subject import subject_model
+    from attnlab.explain.subject import load_subject_model
 
-    model, tok, label, source = subject_model(args.model, sentences, args.seed)
+    model, tok, label, source = load_subject_model(args.model, sentences, args.seed)
     announce(args, source, *_runs_on(model))
     return model, tok, label
 

@@ -54,8 +54,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     seed = args.seed
     if seed is None and args.temperature > 0:  # sampling: a fresh seed, shown to repeat it
         seed = secrets.randbits(31)
-        if not args.quiet:
-            print(f"attnlab generate: sampling with --seed {seed}", file=sys.stderr)
+        print(f"attnlab generate: sampling with --seed {seed}", file=sys.stderr)  # even --quiet
     generator = torch.Generator(device=device).manual_seed(seed or 0)
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
     printed = ""
@@ -105,8 +104,8 @@ def add_commands(sub) -> None:
     gen.add_argument("--truncate", action="store_true",
                      help="keep the end of a prompt longer than the model's context")
     gen.add_argument("--seed", type=int,
-                     help="random seed of sampling (default: a fresh one, printed; greedy "
-                          "decoding needs none)")
+                     help="random seed of sampling (default: a fresh one, printed on stderr; "
+                          "greedy decoding needs none)")
     gen.add_argument("--int4", action="store_true",
                      help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
     add_runtime_args(gen)

@@ -55,7 +55,7 @@ def cmd_info(args: argparse.Namespace) -> None:
 def add_commands(sub) -> None:
     info = sub.add_parser("info", help="print a preset's architecture and parameter counts",
                           description="Print a preset's architecture and parameter table.")
-    add_preset_args(info, "base", "base, big, small, tiny, gpt2, gpt-mini, llama, bert-base, ...")
+    add_preset_args(info, "base", any_arch=True)
     info.add_argument("--hardware", action="store_true",
                       help="print the detected hardware and what --precision auto chooses")
     info.add_argument("--device", default="auto", help="with --hardware: the device to decide for")

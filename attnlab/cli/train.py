@@ -171,21 +171,21 @@ def cmd_average(args: argparse.Namespace) -> None:
 def _run_args(p: argparse.ArgumentParser, out: str, steps: int, save_every: int = 500,
               legacy: str | None = "--bf16") -> None:
     """Options every trainer has: length, output folder, resuming, device, seed."""
-    p.add_argument("--steps", type=int, default=steps, help=f"optimizer steps (default: {steps})")
+    p.add_argument("--steps", type=int, default=steps, help="optimizer steps")
     p.add_argument("--time-budget", type=float, help="stop after this many seconds")
     add_out_arg(p, "the run folder", out)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--save-every", type=int, default=save_every,
-                   help=f"steps between checkpoints (default: {save_every})")
+                   help="steps between checkpoints")
     add_runtime_args(p, legacy=legacy)
     p.add_argument("--seed", type=int, default=0, help="seed of weights, data order, dropout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _bert_args(p: argparse.ArgumentParser, lr: float, warmup: int, eval_every: int) -> None:
-    p.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default: {lr})")
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=warmup,
-                   help=f"linear warmup steps (default: {warmup})")
+                   help="linear warmup steps")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--batch", type=int, default=32, help="sequences per step")
     p.add_argument("--max-len", type=int, default=128, help="tokens per sequence (at most)")
@@ -211,15 +211,16 @@ def add_commands(sub) -> None:
     tt.add_argument("--holdout", type=int, metavar="N",
                     help="hold the last N pairs of --src/--tgt out of training to validate "
                          "on (instead of --valid-src/--valid-tgt); with --task numbers, N "
-                         "numbers never seen in training (default: 500)")
+                         "numbers never seen in training (500 unless given); on real "
+                         "data nothing is held out unless given")
     tt.add_argument("--eval-every", type=int, default=500,
                     help="steps between validation passes, when there is validation data "
-                         "(default: 500; 0: none)")
+                         "(0: none)")
     tt.add_argument("--src-tokenizer", choices=["word", "char"], default="word")
     tt.add_argument("--tgt-tokenizer", choices=["word", "char"], default="char")
     tt.add_argument("--tokenizer", metavar="FILE",
                     help="one shared BPE tokenizer.json for both sides (attnlab tokenize train)")
-    add_preset_args(tt, "tiny", "tiny, small, base, big")
+    add_preset_args(tt, "tiny")
     tt.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch per side")
     tt.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
     tt.add_argument("--warmup", type=int, default=4000)
@@ -244,7 +245,7 @@ def add_commands(sub) -> None:
     lm.add_argument("--text", required=True, help="a UTF-8 text file")
     lm.add_argument("--tokenizer", choices=["char", "gpt2"], default="char")
     lm.add_argument("--bpe-dir", help="folder with GPT-2's encoder.json and vocab.bpe")
-    add_preset_args(lm, "gpt-mini", "gpt-mini, llama-mini, gpt2, ...")
+    add_preset_args(lm, "gpt-mini")
     lm.add_argument("--block", type=int, default=64, help="context length in tokens")
     lm.add_argument("--batch", type=int, default=12, help="sequences per step")
     lm.add_argument("--accumulate", type=int, default=1)
@@ -267,7 +268,7 @@ def add_commands(sub) -> None:
     mlm.add_argument("--tokenizer", help="vocab.txt / tokenizer.json (default: learn WordPiece)")
     mlm.add_argument("--vocab-size", type=int, default=8000, help="when learning WordPiece")
     mlm.add_argument("--nsp", action="store_true", help="add next-sentence prediction")
-    add_preset_args(mlm, "bert-mini", "bert-mini, bert-tiny, bert-base, ...")
+    add_preset_args(mlm, "bert-mini")
     _bert_args(mlm, lr=5e-4, warmup=200, eval_every=500)
     _run_args(mlm, "runs/mlm", 2000)
     mlm.set_defaults(func=cmd_train_mlm)

@@ -87,13 +87,9 @@ def _tiny(sentences: list[str], seed: int):
 
 
 def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
-    """``(model, tokenizer, label)`` for ``--model``: None (tiny), ``minilm``, or a folder."""
-    return subject_model(spec, sentences, seed)[:3]
-
-
-def subject_model(spec: str | None, sentences: list[str], seed: int = 0):
-    """``(model, tokenizer, label, source)``: :func:`load_subject_model`'s three, and what the
-    model was read from (the folder or file), or a phrase saying it is a random tiny one."""
+    """``(model, tokenizer, label, source)`` for ``--model``: None (a random tiny model whose
+    word vocabulary is ``sentences``), ``minilm``, or a folder; ``source`` is the folder or
+    file read, or a phrase saying the model is random."""
     if spec is None:
         return (*_tiny(sentences, seed), f"a random tiny model (untrained, seed {seed})")
     from attnlab.storage import MINILM, load

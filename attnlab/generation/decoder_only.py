@@ -76,7 +76,7 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens
     # The context never spans more positions than the model was trained on (nanoGPT's crop):
-    # once it would, each step runs the last `window` tokens again from position 0.
+    # once it would, each step runs the last `window` tokens again from position 0, uncached.
     window = model.config.context
     start = 0 if window is None else max(0, prompt_len - window)  # the window's first token
     cache = model.new_cache(capacity=total if window is None else min(total, window))
@@ -90,8 +90,7 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     step_input = ids[:, start:]
     for _ in range(max_new_tokens):
         if window is not None and length - start > window:  # slide the window by one
-            start = length - window
-            cache.reset()
+            start, cache = length - window, None
             step_input = out[:, start:length]
         logits = model(step_input, cache=cache,
                        attention_mask=None if mask is None else mask[:, start:length])[:, -1]

@@ -52,10 +52,6 @@ class KVCache:
     def filled(self) -> bool:
         return self.k is not None
 
-    def reset(self) -> None:
-        """Forget every cached position, keeping the storage for the next ones."""
-        self.length = 0
-
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search: the surviving beams' histories)."""
         if self.k is not None:
@@ -77,10 +73,6 @@ class SelfAttentionCache(list):
     def reorder(self, index: Tensor) -> None:
         for layer in self:
             layer.reorder(index)
-
-    def reset(self) -> None:
-        for layer in self:
-            layer.reset()
 
 
 class LayerCache:

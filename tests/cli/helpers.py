@@ -52,13 +52,15 @@ def cli_captured(*argv) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
-def assert_bad_input(r: Result, *names: str) -> str:
+def assert_bad_input(r: Result, *names: str, while_running: bool = False) -> str:
     """Exit code 2 and exactly one line on stderr, ``attnlab ...``, naming each of ``names``
-    (a flag, a file); never a traceback. Returns that line."""
+    (a flag, a file); never a traceback. Returns that line. ``while_running``: the input is
+    found bad only while the model runs, so the line saying what runs may come first."""
     assert "Traceback" not in r.err, f"a traceback instead of a one-line error:\n{r.err}"
     assert r.code == 2, f"exit code {r.code!r}, expected 2; stderr: {r.err!r}"
-    # the line saying what a command runs comes first when the input is found bad while running
-    lines = [line for line in r.err.strip().splitlines() if not RUNNING.match(line)]
+    lines = r.err.strip().splitlines()
+    if while_running and lines and RUNNING.match(lines[0]):
+        lines = lines[1:]
     assert len(lines) == 1, f"stderr is {len(lines)} lines, expected one: {r.err!r}"
     assert lines[0].startswith("attnlab"), lines[0]
     for name in names:

@@ -67,7 +67,6 @@ def test_embed_refuses_a_translation_model(capsys, translation_run):
     assert r.out == ""
 
 
-
 def test_embed_json_into_head_ends_quietly(mlm_run, tmp_path):
     """``attnlab embed --json | head -c 10``: the reader goes away after 10 bytes; attnlab ends
     without a traceback (exit 141, as a command killed by SIGPIPE), and head got its bytes."""

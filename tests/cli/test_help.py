@@ -53,6 +53,11 @@ def test_preset_help_lists_the_presets_of_the_command(name, arch):
     assert listed == [p for p, fields in PRESETS.items() if fields.get("arch") == arch]
 
 
-def test_version_prints_the_installed_version(capsys):
+def test_version_prints_the_package_version(capsys):
+    """The source's version, which the installed metadata must agree with (pyproject.toml
+    reads it from attnlab/version.py)."""
+    from attnlab import __version__
+
     r = cli(capsys, "--version")
-    assert r.code == 0 and r.out == f"attnlab {importlib.metadata.version('attnlab')}\n"
+    assert r.code == 0 and r.out == f"attnlab {__version__}\n"
+    assert importlib.metadata.version("attnlab") == __version__

@@ -23,7 +23,7 @@ def subjects():
 
 @pytest.fixture(scope="module", params=subjects())
 def subject(request):
-    model, tok, label = load_subject_model(request.param, [SENTENCE, OTHER])
+    model, tok, label, _ = load_subject_model(request.param, [SENTENCE, OTHER])
     return make_subject(model, tok, SENTENCE, label)
 
 

@@ -138,17 +138,20 @@ def test_decoding_layout_changes_memory_not_values(preset, tmp_path):
     assert half.blocks.layers[0].ffn.w1.weight.is_contiguous()
 
 
-def cropped_greedy(m, ids, n, block):
-    """nanoGPT's loop, the reference: each token from the last ``block`` tokens alone."""
-    for _ in range(n):
-        ids = torch.cat([ids, m(ids[:, -block:])[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids
+def assert_picks_of_cropped_context(m, out, prompt_len, block):
+    """Each generated token is the argmax nanoGPT's loop computes from the last ``block``
+    tokens alone, uncached (to float ties: its logit within 1e-4 of the largest)."""
+    with torch.no_grad():
+        for t in range(prompt_len, out.shape[1]):
+            logits = m(out[:, max(0, t - block):t])[:, -1]
+            picked = logits.gather(-1, out[:, t:t + 1]).squeeze(-1)
+            assert (picked >= logits.max(-1).values - 1e-4).all(), t
 
 
 @pytest.mark.parametrize("preset", ["gpt-mini", "llama-mini"])  # learned positions, RoPE
 def test_generation_past_the_trained_block_crops_the_context(preset, monkeypatch):
     """A block-32 model generates 300 new tokens; no position it is fed exceeds 31, and every
-    token equals the one nanoGPT's crop-to-block loop picks."""
+    token is the one nanoGPT's crop-to-block loop picks."""
     torch.manual_seed(0)
     m = GPT(ModelConfig.from_preset(preset, block_size=32, d_model=32, n_heads=2,
                                     n_decoder_layers=2)).eval()
@@ -163,8 +166,9 @@ def test_generation_past_the_trained_block_crops_the_context(preset, monkeypatch
     prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(0))
     out = generate(m, prompt, 300)
     assert out.shape == (2, 305) and max(seen) == 31
-    assert torch.equal(out, cropped_greedy(m, prompt, 300, 32))
+    assert_picks_of_cropped_context(m, out, 5, 32)
     long_prompt = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(1))
     seen.clear()
-    assert torch.equal(generate(m, long_prompt, 5), cropped_greedy(m, long_prompt, 5, 32))
+    out = generate(m, long_prompt, 5)
     assert max(seen) == 31
+    assert_picks_of_cropped_context(m, out, 40, 32)
