@@ -8,8 +8,8 @@ shows these lines), in a folder where ``multi30k/`` is the data:
    (0.9, 0.98, 1e-9), the warmup + inverse-square-root schedule, label smoothing 0.1 and
    dropout 0.1, in the precision ``auto`` picks, for 30 minutes of wall time, on all 29,000
    pairs; the last 5 checkpoints averaged (the paper averaged the last 5);
-3. ``attnlab evaluate``: test_2016_flickr decoded with beam 4, α = 0.6, scored with
-   detokenised, cased sacreBLEU (the signature is printed).
+3. ``attnlab evaluate translate``: test_2016_flickr decoded with beam 4, α = 0.6, scored with
+   detokenised, cased sacreBLEU (the signature is printed), chrF and ROUGE.
 
     .venv/bin/python benchmarks/multi30k.py --out runs/multi30k
     .venv/bin/python benchmarks/multi30k.py --minutes 10 --out runs/multi30k-10
@@ -39,8 +39,8 @@ COMMANDS = [
     "--tokenizer bpe.json --preset small --set max_len=256 --max-tokens 3000 --warmup 600 "
     "--lr-factor 0.6 --save-every 100 --keep-last 5 --average-last 5 --steps 100000 "
     "--time-budget 1800 --out runs/m30k",
-    "attnlab evaluate --model runs/m30k --src multi30k/test_2016_flickr.de.gz "
-    "--ref multi30k/test_2016_flickr.en.gz --beam 4 --alpha 0.6",
+    "attnlab evaluate translate --model runs/m30k --src multi30k/test_2016_flickr.de.gz "
+    "--ref multi30k/test_2016_flickr.en.gz --beam 4 --alpha 0.6 --out test.hyp.en",
 ]
 
 

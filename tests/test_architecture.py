@@ -21,7 +21,7 @@ LAYERS = [
     {"nn", "tokenizers"},
     {"models"},
     {"interop", "storage", "build"},
-    {"data", "generation", "encoding", "viz", "explain", "training"},
+    {"data", "generation", "encoding", "viz", "explain", "training", "metrics"},
     {"demo"},
     {"cli"},
 ]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 # command -> the module (attnlab.cli.<module>) that defines it, in the order --help lists them
 COMMANDS = {
     "info": "info", "train": "train", "average": "train", "generate": "generate",
-    "translate": "translate", "evaluate": "translate", "classify": "encoder",
+    "translate": "translate", "evaluate": "evaluate", "classify": "encoder",
     "embed": "encoder", "explain": "explain", "plot": "explain", "tokenize": "tokenize",
     "demo": "demo",
 }
@@ -60,6 +60,23 @@ class _Parser(argparse.ArgumentParser):
         return action
 
 
+# a command that became a group -> the subcommand its old flat form (options right after the
+# command's name) still runs, after a deprecation note
+LEGACY = {"evaluate": "translate"}
+
+
+def _legacy(argv: list[str], command: str | None) -> list[str]:
+    """``argv`` with a deprecated flat form rewritten to its subcommand (and a note said)."""
+    if command not in LEGACY:
+        return argv
+    at = argv.index(command) + 1
+    if at < len(argv) and argv[at].startswith("-") and argv[at] not in ("-h", "--help"):
+        print(f"attnlab: warning: 'attnlab {command} --...' is deprecated and goes in the next "
+              f"release; use 'attnlab {command} {LEGACY[command]} --...'", file=sys.stderr)
+        return [*argv[:at], LEGACY[command], *argv[at:]]
+    return argv
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser for every command, or only for ``command``'s family."""
     from attnlab.version import __version__
@@ -86,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    argv = _legacy(argv, command)
     args = build_parser(command).parse_args(argv)
     hardware.use_threads()
     try:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
     import torch
 
     from attnlab.config import ModelConfig
+    from attnlab.storage import Loaded
 
 
 class UsageError(BadInput):
@@ -147,6 +148,17 @@ def announce(args: argparse.Namespace, model: str | Path, device: torch.device |
 
     print(f"attnlab {args.command}: running {model} on {device}, {precision}, "
           f"{torch.get_num_threads()} threads", file=sys.stderr)
+
+
+def load_for(args: argparse.Namespace, kind: str) -> tuple[Loaded, torch.device, str]:
+    """``(loaded, device, precision)``: the ``--model`` of ``kind`` (one line naming the
+    folder otherwise), on ``--device``, and the precision to run it in."""
+    from attnlab.storage import load
+
+    device, precision = runtime(args)
+    loaded = load(args.model).expect(kind, args.command)
+    loaded.model.to(device)
+    return loaded, device, precision
 
 
 def texts(args: argparse.Namespace, skip_blank: bool = False, required: bool = True) -> list[str]:

@@ -51,9 +51,9 @@ def test_evaluate_out_that_cannot_be_created_is_named(capsys, tmp_path, translat
     (tmp_path / "src.en").write_text("one\n")
     (tmp_path / "ref.de").write_text("eins\n")
     out = not_a_folder(tmp_path)
-    r = cli(capsys, "evaluate", "--model", translation_run.path, "--src", tmp_path / "src.en",
-            "--ref", tmp_path / "ref.de", "--beam", "1", "--out", out, "--device", "cpu",
-            "--precision", "fp32")
+    r = cli(capsys, "evaluate", "translate", "--model", translation_run.path, "--src",
+            tmp_path / "src.en", "--ref", tmp_path / "ref.de", "--beam", "1", "--out", out,
+            "--device", "cpu", "--precision", "fp32")
     assert_bad_input(r, str(out.parent))
 
 

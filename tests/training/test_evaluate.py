@@ -1,10 +1,12 @@
 """attnlab evaluate (sacreBLEU, chrF, speed) and training with a shared BPE vocabulary."""
 
+from rouge_score.rouge_scorer import RougeScorer
 from sacrebleu.metrics import BLEU, CHRF
 
 from attnlab.cli import main
 from attnlab.data import numbers_corpus
 from attnlab.generation import translate
+from attnlab.metrics import UnicodeWords
 from attnlab.storage import load_model_dir
 from attnlab.tokenizers import BPETokenizer
 from tests.criteria import train_until
@@ -49,8 +51,9 @@ def test_shared_bpe_training_and_evaluate(tmp_path, capsys):
     capsys.readouterr()
 
     hyp_path = tmp_path / "hyp.de"
-    assert main(["evaluate", "--model", str(run), "--src", str(tmp_path / "test.en"), "--ref",
-                 str(tmp_path / "test.de"), "--beam", "3", "--out", str(hyp_path)]) == 0
+    assert main(["evaluate", "translate", "--model", str(run), "--src", str(tmp_path / "test.en"),
+                 "--ref", str(tmp_path / "test.de"), "--beam", "3", "--out", str(hyp_path),
+                 "--lang", "de"]) == 0
     out = capsys.readouterr().out
     hyps = hyp_path.read_text().splitlines()
     assert len(hyps) == len(refs)
@@ -59,6 +62,11 @@ def test_shared_bpe_training_and_evaluate(tmp_path, capsys):
     assert f"chrF = {chrf.score:.2f}" in out
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
     assert "sentences/s" in out and "beam 3" in out
+    # ROUGE-L beside them: rouge-score's, with German counted as Unicode words, unstemmed
+    scorer = RougeScorer(["rougeL"], use_stemmer=False, tokenizer=UnicodeWords())
+    f = sum(scorer.score(r, h)["rougeL"].fmeasure
+            for h, r in zip(hyps, refs, strict=True)) / len(refs)
+    assert f"ROUGE-L = {100 * f:.2f}" in out and "Unicode words (lang de), no stemming" in out
 
 
 def test_evaluate_rejects_misaligned_files(tmp_path, capsys):
@@ -67,7 +75,7 @@ def test_evaluate_rejects_misaligned_files(tmp_path, capsys):
     (tmp_path / "a").write_text("one\ntwo\n")
     (tmp_path / "b").write_text("eins\n")
     capsys.readouterr()
-    assert main(["evaluate", "--model", str(tmp_path / "run"), "--src", str(tmp_path / "a"),
-                 "--ref", str(tmp_path / "b")]) == 2
+    assert main(["evaluate", "translate", "--model", str(tmp_path / "run"), "--src",
+                 str(tmp_path / "a"), "--ref", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert "has 2 lines but" in err and len(err.strip().splitlines()) == 1

@@ -91,7 +91,7 @@ def test_generate_bad_flags_and_empty_prompt(run):
 
 def test_translation_commands_refuse_a_language_model(run):
     for args in (["translate", "--model", str(run), "hello"],
-                 ["evaluate", "--model", str(run), "--src", "a", "--ref", "b"]):
+                 ["evaluate", "translate", "--model", str(run), "--src", "a", "--ref", "b"]):
         r = cli(*args)
         assert r.returncode == 2 and "arch='decoder' is not a translation model" in r.stderr
     r = cli("average", "--model", str(run), "--last", "0")
