@@ -53,24 +53,23 @@ def valid(tmp_path_factory) -> Files:
     torch.manual_seed(0)
     config = ModelConfig.from_preset("gpt-mini", **TINY_GPT)
     model = build_model(config)
-    save_model_dir(root / "model", model, model.config, {"text": char.to_dict()})
-    for name in ("model.safetensors", "config.json", "tokenizers.json"):
-        files[f"model/{name}"] = (root / "model" / name).read_bytes()
-    save_pretrained(model, root / "hf")
-    for name in ("model.safetensors", "config.json"):
-        files[f"hf/{name}"] = (root / "hf" / name).read_bytes()
+
+    def saved(model, ours: str, hf: str) -> None:  # an attnlab folder and an HF folder, read
+        save_model_dir(root / ours, model, model.config, {"text": char.to_dict()})
+        save_pretrained(model, root / hf)
+        for folder, names in ((ours, ("model.safetensors", "config.json", "tokenizers.json")),
+                              (hf, ("model.safetensors", "config.json"))):
+            for name in names:
+                files[f"{folder}/{name}"] = (root / folder / name).read_bytes()
+
+    saved(model, "model", "hf")
     shard = "model-00001-of-00001.safetensors"  # the same weights as a sharded folder's
     names = load_file(root / "hf" / "model.safetensors")
     files["model.safetensors.index.json"] = json.dumps(
         {"metadata": {}, "weight_map": {name: shard for name in names}}).encode()
     # Llama-style (RoPE) models, for the known cases below
     llama = build_model(ModelConfig.from_preset("llama-mini", **TINY_GPT, num_kv_heads=2))
-    save_model_dir(root / "llama", llama, llama.config, {"text": char.to_dict()})
-    for name in ("model.safetensors", "config.json", "tokenizers.json"):
-        files[f"llama/{name}"] = (root / "llama" / name).read_bytes()
-    save_pretrained(llama, root / "hf-llama")
-    for name in ("model.safetensors", "config.json"):
-        files[f"hf-llama/{name}"] = (root / "hf-llama" / name).read_bytes()
+    saved(llama, "llama", "hf-llama")
     files["config.json"] = files["model/config.json"]
 
     optimizer = {"state": {0: {"exp_avg": torch.randn(4, 4), "step": torch.tensor(3.0)}},
