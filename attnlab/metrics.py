@@ -69,14 +69,22 @@ def rouge(hyps: list[str], refs: list[str], lang: str = "en") -> dict[str, Rouge
     return {name: Rouge(*(v / n for v in values)) for name, values in totals.items()}
 
 
+def corpus_bleu(hyps: list[str], refs: list[str]):
+    """``(score, signature)``: sacreBLEU's corpus BLEU of ``hyps`` against one reference each
+    (detokenised, cased, 13a), and the signature that names those settings."""
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU()
+    return metric.corpus_score(hyps, [refs]), str(metric.get_signature())
+
+
 def text_scores(hyps: list[str], refs: list[str], lang: str = "en") -> list[str]:
     """The lines ``attnlab evaluate`` prints: sacreBLEU's corpus BLEU (detokenised, cased) and
     its signature, chrF, and each ROUGE type's mean F-measure with precision and recall."""
-    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.metrics import CHRF
 
-    bleu_metric = BLEU()
-    lines = [f"{bleu_metric.corpus_score(hyps, [refs])}",
-             f"signature: {bleu_metric.get_signature()}",
+    bleu, signature = corpus_bleu(hyps, refs)
+    lines = [f"{bleu}", f"signature: {signature}",
              f"chrF = {CHRF().corpus_score(hyps, [refs]).score:.2f}"]
     for name, r in rouge(hyps, refs, lang).items():
         lines.append(f"{name.replace('rouge', 'ROUGE-')} = {100 * r.fmeasure:.2f} "

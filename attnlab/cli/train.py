@@ -93,9 +93,8 @@ def _bleu_line(model, src_tok, tgt_tok, pairs: list[tuple[str, str]]) -> str:
     """Real text's score: sacreBLEU's corpus BLEU (13a, cased) of greedy translations of up
     to :data:`BLEU_PAIRS` validation pairs, evenly spaced through those whose source fits
     the model's ``max_len``. Returns the line ``validation BLEU 12.34 (...) on N of M ...``."""
-    from sacrebleu.metrics import BLEU
-
     from attnlab.generation import translate
+    from attnlab.metrics import corpus_bleu
 
     fits = [p for p in pairs if len(src_tok.encode(p[0], add_eos=True)) <= model.config.max_len]
     n = min(BLEU_PAIRS, len(fits))
@@ -105,7 +104,7 @@ def _bleu_line(model, src_tok, tgt_tok, pairs: list[tuple[str, str]]) -> str:
     if not sample:
         return f"validation BLEU: no validation source fits the model{too_long}"
     hyps = translate(model, src_tok, tgt_tok, [s for s, _ in sample])
-    bleu = BLEU().corpus_score(hyps, [[t for _, t in sample]])
+    bleu, _ = corpus_bleu(hyps, [t for _, t in sample])
     return (f"validation BLEU {bleu.score:.2f} (sacreBLEU, greedy) on {n} of {len(pairs)} "
             f"validation pairs{too_long}")
 
