@@ -1,4 +1,4 @@
-"""One configuration for every model family (encoder–decoder, GPT, BERT, Llama-style), and
+"""One configuration for every model family (encoder–decoder, GPT, BERT, Llama-style, ViT), and
 the readers every user's JSON or text file goes through.
 
 A family is a choice of the same few knobs: where position enters, which norm and where,
@@ -18,7 +18,7 @@ from typing import Any
 from attnlab.errors import BadInput, MissingFile
 
 CHOICES = {
-    "arch": ("encoder-decoder", "decoder", "encoder"),
+    "arch": ("encoder-decoder", "decoder", "encoder", "vision"),
     "positional": ("sinusoidal", "sinusoidal-split", "learned", "rope", "alibi", "none"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("post", "pre"),
@@ -73,7 +73,9 @@ _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 # Fields that must be at least this much (the layer counts may be 0: BERT has no decoder).
 _AT_LEAST = dict(vocab_size=1, tgt_vocab_size=1, d_model=1, n_heads=1, num_kv_heads=1, d_ff=1,
                  n_encoder_layers=0, n_decoder_layers=0, max_len=1, block_size=1, dropout=0.0,
-                 attention_dropout=0.0, activation_dropout=0.0, norm_eps=0.0, num_labels=1)
+                 attention_dropout=0.0, activation_dropout=0.0, norm_eps=0.0, num_labels=1,
+                 image_size=1, patch_size=1, num_channels=1)
+_VISION_HEADS = ("classify", "none")  # the ViT's heads: logits from [CLS], or hidden states
 
 
 def check_at_least(obj: Any, minimums: dict[str, float], what: str = "") -> None:
@@ -132,6 +134,11 @@ class ModelConfig:
     embedding_norm: bool = False  # LayerNorm over the summed embeddings (BERT)
     head: str = "none"  # encoder-only task head: mlm, pretraining (mlm + nsp), classify, tokens
     num_labels: int = 2  # classes of the classify / tokens heads
+    # the Vision Transformer (arch="vision"): square images of image_size² pixels and
+    # num_channels channels, cut into (image_size / patch_size)² patches of patch_size² pixels
+    image_size: int | None = None
+    patch_size: int | None = None
+    num_channels: int = 3
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -161,11 +168,39 @@ class ModelConfig:
                            f"d_k = d_model / n_heads = {self.d_k}")
         if self.arch == "encoder" and self.activation == "swiglu":
             raise BadInput("config: activation='swiglu' is not supported by BERT (arch='encoder')")
+        if self.arch == "vision":
+            self._check_vision()
+
+    def _check_vision(self) -> None:
+        """A ViT needs its image and patch sizes (the patches tile the image), learned
+        positions (one per patch and one for [CLS]) and a head it has."""
+        if self.image_size is None or self.patch_size is None:
+            raise BadInput("config: arch='vision' needs image_size and patch_size, got "
+                           f"image_size={self.image_size}, patch_size={self.patch_size}")
+        if self.image_size % self.patch_size:
+            raise BadInput(f"config: image_size={self.image_size} is not divisible by "
+                           f"patch_size={self.patch_size}")
+        if self.positional != "learned":
+            raise BadInput(f"config: arch='vision' needs positional='learned', got "
+                           f"{self.positional!r}")
+        if self.head not in _VISION_HEADS:
+            raise BadInput(f"config: arch='vision' has head {' or '.join(_VISION_HEADS)}, got "
+                           f"{self.head!r}")
+        if self.activation == "swiglu":
+            raise BadInput("config: activation='swiglu' is not supported by ViT (arch='vision')")
 
     @property
     def d_k(self) -> int:
         """Per-head width d_k = d_v = d_model / h."""
         return self.d_model // self.n_heads
+
+    @property
+    def n_patches(self) -> int:
+        """N = (image_size / patch_size)², the patches of one image (0 without a vision
+        config); a ViT's sequence is N + 1 long, [CLS] first."""
+        if self.image_size is None or self.patch_size is None:
+            return 0
+        return (self.image_size // self.patch_size) ** 2
 
     @property
     def kv_heads(self) -> int:
@@ -285,4 +320,20 @@ PRESETS.update({
     # Google's compact BERTs (Turc et al., 2019): BERT-mini is L=4, H=256; BERT-tiny L=2, H=128.
     "bert-mini": {**_BERT, "d_model": 256, "n_heads": 4, "d_ff": 1024, "n_encoder_layers": 4},
     "bert-tiny": {**_BERT, "d_model": 128, "n_heads": 2, "d_ff": 512, "n_encoder_layers": 2},
+})
+
+# Vision Transformer (attnlab.models.ViT, Dosovitskiy et al., 2021): the encoder, pre-LN, exact
+# GELU, a final norm, learned positions for [CLS] + the patches, ε = 1e-12 (as in transformers).
+_VIT = dict(
+    arch="vision", d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=12, n_decoder_layers=0,
+    dropout=0.0, attention_dropout=0.0, max_len=197, positional="learned", norm_eps=1e-12,
+    norm_placement="pre", activation="gelu", scale_embeddings=False, head="classify",
+    num_labels=1000, image_size=224, patch_size=16, num_channels=3,
+)
+PRESETS.update({
+    "vit-base": _VIT,  # ViT-B/16 (the paper, Table 1), 224 × 224 RGB, ImageNet's 1000 classes
+    # 8 × 8 grayscale digits (sklearn's digits): 16 patches of 2 × 2 pixels, 10 classes
+    "vit-tiny": {**_VIT, "d_model": 64, "n_heads": 4, "d_ff": 128, "n_encoder_layers": 4,
+                 "max_len": 17, "dropout": 0.1, "num_labels": 10, "image_size": 8,
+                 "patch_size": 2, "num_channels": 1},
 })

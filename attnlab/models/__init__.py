@@ -7,11 +7,12 @@ from torch import nn
 from attnlab.models.bert import BERT, mean_pool
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
+from attnlab.models.vit import ViT
 
 # the model class of each ModelConfig.arch (the Hugging Face model families are
 # attnlab.interop.FAMILIES)
 ARCHITECTURES: dict[str, type[nn.Module]] = {"encoder-decoder": Transformer, "decoder": GPT,
-                                             "encoder": BERT}
+                                             "encoder": BERT, "vision": ViT}
 
 
-__all__ = ["Transformer", "GPT", "BERT", "mean_pool", "ARCHITECTURES"]
+__all__ = ["Transformer", "GPT", "BERT", "ViT", "mean_pool", "ARCHITECTURES"]

@@ -9,6 +9,7 @@ from attnlab.nn.layout import decoding_layout_
 from attnlab.nn.masks import causal_mask, combine_masks, lengths_mask, padding_mask
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.norms import LayerNorm, Residual, RMSNorm, build_norm
+from attnlab.nn.patches import PatchEmbedding
 from attnlab.nn.positional import (
     ALiBiPositionalEncoding,
     LearnedPositionalEncoding,
@@ -30,6 +31,7 @@ __all__ = [
     "RotaryPositionalEncoding", "ALiBiPositionalEncoding", "NoPositionalEncoding",
     "alibi_slopes", "build_positional", "positions_from", "sinusoidal_table",
     "LayerNorm", "RMSNorm", "Residual", "build_norm", "FeedForward", "TokenEmbedding",
+    "PatchEmbedding",
     "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "DecoderOnly",
     "decoding_layout_",
 ]
