@@ -21,7 +21,7 @@ LAYERS = [
     {"nn", "tokenizers"},
     {"models"},
     {"interop", "storage", "build"},
-    {"data", "generation", "encoding", "viz", "explain", "training", "metrics"},
+    {"data", "generation", "encoding", "viz", "explain", "training", "metrics", "fewshot"},
     {"demo"},
     {"cli"},
 ]

@@ -2,7 +2,11 @@
 
 * ``evaluate translate``: a translation model on a test set: it translates ``--src`` and scores
   against ``--ref`` (sacreBLEU's BLEU and chrF, ROUGE), with the decoding speed;
-* ``evaluate text``: any hypothesis file against a reference file, one example a line.
+* ``evaluate text``: any hypothesis file against a reference file, one example a line;
+* ``evaluate choice``: a language model on multiple-choice questions (a JSON-lines file),
+  zero- or few-shot, scored as EleutherAI's lm-evaluation-harness scores them: the
+  log-likelihood of each choice after the prompt, ``acc`` and ``acc_norm``
+  (:mod:`attnlab.fewshot`, :mod:`attnlab.generation.likelihood`).
 
 The flat form of an earlier release, ``attnlab evaluate --model M --src S --ref R``, still runs
 ``evaluate translate``, after a one-line deprecation note (``cli.LEGACY``).
@@ -11,8 +15,12 @@ The flat form of an earlier release, ``attnlab evaluate --model M --src S --ref 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import time
+import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnlab.cli.common import (
     UsageError,
@@ -21,7 +29,15 @@ from attnlab.cli.common import (
     add_runtime_args,
     announce,
     load_for,
+    runtime,
+    warn_unknown,
 )
+
+if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
+    import torch
+
+    from attnlab.fewshot import Example
+    from attnlab.storage import Loaded
 
 
 def _examples(path: str) -> list[str]:
@@ -79,6 +95,134 @@ def cmd_evaluate_text(args: argparse.Namespace) -> None:
         print(line)
 
 
+def _demos(args: argparse.Namespace, examples: list[Example]) -> list[list[Example]]:
+    """Each scored example's demonstrations (module docstring of attnlab.fewshot); too few to
+    draw from is one error naming --shots, the line and the numbers."""
+    from attnlab import fewshot
+
+    pool = fewshot.DemoPool(fewshot.read_examples(args.pool) if args.pool else examples,
+                            is_data=not args.pool)
+    pool_name = args.pool or args.data
+    seed = None if args.pool_order == "file" else args.seed
+    chosen = []
+    for position, example in enumerate(examples[: args.limit]):
+        if args.shots == 0:
+            chosen.append([])
+            continue
+        available = pool.available(example, position)
+        if args.shots > available:
+            copies = len(pool.excluded(example, position)) - pool.is_data  # less its own line
+            raise UsageError(f"--shots {args.shots} is more than the {available} "
+                             f"demonstrations available to {args.data}:{example.line} "
+                             f"({len(pool)} examples in {pool_name}"
+                             f"{', less the example itself' if pool.is_data else ''}"
+                             f"{f', less {copies} with the same content' if copies else ''})")
+        chosen.append([pool.examples[j]
+                       for j in pool.draw(example, position, args.shots, seed)])
+    return chosen
+
+
+def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str]:
+    """``(loaded, device, precision)``; ``--int4`` as ``generate`` runs it (CPU, bf16)."""
+    if not args.int4:
+        return load_for(args, "decoder")
+    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.storage import load
+
+    if args.precision not in (None, "auto", "bf16"):
+        raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
+    args.device = "cpu" if args.device == "auto" else args.device
+    device, _ = runtime(args)
+    loaded = load(args.model, int4=True).expect("decoder", args.command)
+    loaded.model = for_decoding(loaded.model, device, "bf16", int4=True)
+    return loaded, device, "bf16"
+
+
+def _requests(args: argparse.Namespace, loaded: Loaded, examples: list[Example],
+              demos: list[list[Example]]) -> list[list[tuple[list[int], list[int]]]]:
+    """Each question's ``(context_ids, continuation_ids)`` per choice; symbols the vocabulary
+    lacks are named in one warning, a choice longer than the model's context is an error, and
+    prompts that will be cut are counted in one warning."""
+    from attnlab import fewshot
+
+    tok, window = loaded.tokenizer, loaded.config.context
+    shown = dict.fromkeys([*examples, *(d for ds in demos for d in ds)])  # each text once
+    delimiters = [fewshot.TARGET_DELIMITER, *([fewshot.FEWSHOT_DELIMITER] if args.shots or any(
+        ex.instruction for ex in examples) else [])]
+    warn_unknown(tok, [*delimiters, *(t for ex in shown
+                                      for t in (ex.instruction or "", ex.context, *ex.choices))],
+                 args.data + (f" and {args.pool}" if args.pool and args.shots else ""))
+    requests = [fewshot.encode_choices(tok, fewshot.build_prompt(ex, d), ex,
+                                       f"{args.data}:{ex.line}")
+                for ex, d in zip(examples, demos, strict=True)]
+    if window is None:  # ALiBi, no positions: nothing to cut
+        return requests
+    for ex, r in zip(examples, requests, strict=True):
+        for i, (_, ids) in enumerate(r):
+            if len(ids) > window:
+                raise UsageError(f"{args.data}:{ex.line}: choice {i} is {len(ids)} tokens, more "
+                                 f"than the model's context of {window}")
+    cut = sum(any(len(x) + len(c) > window + 1 for x, c in r) for r in requests)
+    if cut:
+        warnings.warn(f"{cut} of {len(examples)} prompts are longer than the model's context "
+                      f"of {window} tokens: their first tokens are left out, as "
+                      "lm-evaluation-harness does", stacklevel=2)
+    return requests
+
+
+def cmd_evaluate_choice(args: argparse.Namespace) -> None:
+    from attnlab import fewshot, hardware
+    from attnlab.generation.likelihood import grouped_continuation_logprobs
+
+    for flag, value, low in (("--shots", args.shots, 0), ("--batch", args.batch, 1),
+                             ("--limit", args.limit, 1)):
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+    examples = fewshot.read_examples(args.data)
+    demos = _demos(args, examples)  # the data's errors before the model is loaded
+    examples = examples[: args.limit]
+    loaded, device, precision = _decoder(args)
+    requests = _requests(args, loaded, examples, demos)
+    announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
+    precise = contextlib.nullcontext() if args.int4 else hardware.autocast(device, precision)
+    start = time.perf_counter()
+    scores = []
+    with precise:
+        for i in range(0, len(requests), args.batch):
+            groups = requests[i : i + args.batch]
+            scores += [s.tolist() for s in grouped_continuation_logprobs(loaded.model, groups)]
+    seconds = time.perf_counter() - start
+    judged = [fewshot.judge(ex, s) for ex, s in zip(examples, scores, strict=True)]
+    acc = fewshot.mean_stderr([j.acc for j in judged])
+    acc_norm = fewshot.mean_stderr([j.acc_norm for j in judged])
+    if args.json:
+        print(json.dumps({
+            "acc": acc[0], "acc_stderr": acc[1], "acc_norm": acc_norm[0],
+            "acc_norm_stderr": acc_norm[1], "examples": len(judged), "shots": args.shots,
+            "pool_order": args.pool_order, "seed": args.seed, "batch": args.batch,
+            "seconds": seconds, "lines": [ex.line for ex in examples],
+            "answers": [j.answer for j in judged],
+            "loglikelihoods": [list(j.scores) for j in judged],
+            "decisions": [j.pred for j in judged],
+            "decisions_norm": [j.pred_norm for j in judged],
+            "lengths": [[len(c) for c in ex.choices] for ex in examples]}))
+        return
+    if args.shots == 0:
+        how = "0-shot"
+    elif args.pool_order == "file":
+        how = f"{args.shots}-shot, the first {args.shots} of {args.pool or args.data}"
+    else:
+        how = f"{args.shots}-shot, seed {args.seed}"
+    print(f"acc {_shown(*acc)}  acc_norm {_shown(*acc_norm)}  ({len(judged)} examples, {how})")
+    print(f"scoring: {len(judged)} questions in {seconds:.1f} s, "
+          f"{len(judged) / max(seconds, 1e-9):.1f} questions/s ({precision} on {device}, "
+          f"batch {args.batch})")
+
+
+def _shown(mean: float, stderr: float | None) -> str:
+    return f"{mean:.4f}" if stderr is None else f"{mean:.4f} ± {stderr:.4f}"
+
+
 def _add_lang(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lang", default="en",
                    help="language of the references, for ROUGE's words: en (rouge-score's "
@@ -87,9 +231,11 @@ def _add_lang(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub) -> None:
-    ev = sub.add_parser("evaluate", help="score a model or a file of outputs: BLEU, chrF, ROUGE",
-                        description="Score a translation model on a test set, or any "
-                                    "hypothesis file against its references.")
+    ev = sub.add_parser("evaluate", help="score a model or a file of outputs: BLEU, chrF, "
+                                         "ROUGE, multiple-choice accuracy",
+                        description="Score a translation model on a test set, any "
+                                    "hypothesis file against its references, or a language "
+                                    "model on multiple-choice questions.")
     kinds = ev.add_subparsers(dest="what", metavar="WHAT")
     kinds.required = True
 
@@ -117,3 +263,45 @@ def add_commands(sub) -> None:
     tx.add_argument("--ref", required=True, help="references, line-aligned")
     _add_lang(tx)
     tx.set_defaults(func=cmd_evaluate_text)
+
+    ch = kinds.add_parser(
+        "choice", help="a language model on multiple-choice questions, zero- or few-shot",
+        description="Score a language model on multiple-choice questions as EleutherAI's "
+                    "lm-evaluation-harness does: each choice's log-likelihood after the prompt "
+                    "(instruction + blank line, then K demonstrations 'context answer' each "
+                    "followed by a blank line, then the context; the choice follows one space), "
+                    "and the share of questions where the best choice is the answer (acc) and "
+                    "where the best per character is (acc_norm). A prompt longer than the "
+                    "model's context loses its first tokens, as the harness cuts it.")
+    add_model_arg(ch, "a language model: a run or checkpoint folder, an HF folder, a .gguf "
+                      "file, or smollm2")
+    ch.add_argument("--data", required=True, metavar="FILE",
+                    help="questions, one JSON object a line: context (str), choices (list of "
+                         "str), answer (index of the right choice), optional instruction (str)")
+    ch.add_argument("--shots", type=int, default=0, metavar="K",
+                    help="demonstrations before each question")
+    ch.add_argument("--pool", metavar="FILE",
+                    help="where demonstrations come from, same format (default: the other "
+                         "lines of --data); never the question itself or a copy of it")
+    ch.add_argument("--pool-order", choices=["random", "file"], default="random",
+                    help="random: K drawn for each question by random.Random('SEED:INDEX'), "
+                         "INDEX being the question's 0-based position in --data; file: the "
+                         "first K of the pool in file order, the same for every question "
+                         "(lm-evaluation-harness's first_n sampler: pin the demonstrations "
+                         "with --pool to reproduce a harness run)")
+    ch.add_argument("--seed", type=int, default=0, help="seed of --pool-order random")
+    ch.add_argument("--batch", type=int, default=1,
+                    help="questions per forward pass (each question's choices always share "
+                         "one pass, its prompt run once)")
+    ch.add_argument("--limit", type=int, metavar="N",
+                    help="score only the first N questions (demonstrations still come from "
+                         "the whole pool)")
+    ch.add_argument("--int4", action="store_true",
+                    help="4-bit weights, bf16 activations, on the CPU (as generate --int4)")
+    ch.add_argument("--json", action="store_true",
+                    help="print one JSON object instead: acc, acc_norm and their standard "
+                         "errors, seconds (the scoring alone), and per question its line, "
+                         "answer, log-likelihoods, decisions (acc's and acc_norm's) and the "
+                         "choices' lengths in characters")
+    add_runtime_args(ch)
+    ch.set_defaults(func=cmd_evaluate_choice)

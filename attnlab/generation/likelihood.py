@@ -1,0 +1,179 @@
+"""Log-likelihoods of text under a decoder-only model: what scoring, not generating, needs.
+
+    log p(y | x) = Σ_t log softmax(logits_t)[y_t]      logits_t = model(x ⧺ y_<t)[last]
+
+Two entry points:
+
+* :func:`token_logprobs`: every token of a batch of sequences given the tokens before it (the
+  per-token terms of perplexity);
+* :func:`continuation_logprobs`: the summed log-likelihood of each of several continuations
+  (multiple-choice scoring: one context, a continuation per choice). The tokens all of them
+  share are run once, with a KV cache; the cache is then copied to one row per choice and every
+  choice's remaining tokens go through the model as one right-padded batch: two forward calls
+  per question, however many choices and tokens it has;
+  :func:`grouped_continuation_logprobs` scores several questions in the same two calls.
+
+The log-softmax is taken in float32 whatever the model's dtype (bf16 logits are cast first).
+A context too long for the model's window is cut from the left as lm-evaluation-harness cuts it:
+each request's model input is the last ``window + 1`` tokens of ``context ⧺ continuation``
+without its last token, so every scored token keeps as much context as fits (the requests of
+one question then share less, or nothing, and cost more).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import BadInput
+
+
+def _picked(logits: Tensor, targets: Tensor) -> Tensor:
+    """``log softmax(logits)[targets]`` in float32: ``(..., vocab)``, ``(...)`` -> ``(...)``."""
+    return logits.float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def token_logprobs(model: nn.Module, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """``ids (batch, seq)`` -> ``(batch, seq − 1)`` float32, entry ``t`` being
+    ``log p(ids[:, t + 1] | ids[:, : t + 1])``: the first token is conditioned on, never scored.
+
+    ``attention_mask (batch, seq)`` (1 = real token) marks left padding, as for
+    :meth:`GPT.forward`; the entries of padded positions are meaningless. The whole sequence is
+    one forward pass, so ``seq`` may not exceed the model's context (``check_length``).
+    """
+    if ids.dim() != 2 or ids.shape[1] < 2:
+        raise BadInput(f"token_logprobs needs (batch, length >= 2) token ids, got shape "
+                       f"{tuple(ids.shape)}")
+    model.eval()
+    logits = model(ids, attention_mask=attention_mask)  # (batch, seq, vocab)
+    return _picked(logits[:, :-1], ids[:, 1:])
+
+
+def _inputs(context: Sequence[int], continuation: Sequence[int],
+            window: int | None) -> list[int]:
+    """The model's input for one continuation: ``(context ⧺ continuation)[:-1]``, of at most
+    ``window`` tokens (its last ones); the scored positions are its last ``len(continuation)``."""
+    whole = [*context, *continuation]
+    if window is not None:
+        if len(continuation) > window:
+            raise BadInput(f"a continuation of {len(continuation)} tokens does not fit the "
+                           f"model's context of {window} tokens")
+        whole = whole[-(window + 1):]
+    return whole[:-1]
+
+
+Request = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
+
+
+@torch.no_grad()
+def continuation_logprobs(model: nn.Module, requests: Sequence[Request],
+                          window: int | None = None) -> Tensor:
+    """``(n,)`` float32: ``Σ_t log p(c_t | x ⧺ c_<t)`` for each request ``(x, c)``.
+
+    Args:
+        model: a decoder-only model (``model(ids, cache=, attention_mask=)`` and
+            ``model.new_cache(capacity)``, as :class:`attnlab.GPT`).
+        requests: ``(context_ids, continuation_ids)`` pairs, at least one token each (the
+            harness conditions an empty text on the BOS or EOS id). A multiple-choice question
+            gives one per choice, all with the same context.
+        window: the most tokens the model sees at once; default ``model.config.context`` (None:
+            no limit). Longer inputs lose their first tokens, per request (module docstring).
+
+    How: let ``x_i = (context_i ⧺ c_i)[:-1]`` be request ``i``'s input, of length ``L_i``, and
+    ``s`` the length of the prefix all ``x_i`` share (the whole context when it is one, unless
+    a window cut the inputs differently). The prefix runs once, ``(1, s)``, filling the KV
+    cache; the cache is copied to ``n`` rows and the rest, ``x_i[s:]`` right-padded to
+    ``(n, max L_i − s)``, runs on top of it. The logits at positions ``L_i − len(c_i) … L_i − 1``
+    predict ``c_i``. Right padding comes after every real token, so under the causal mask no
+    real token sees it; the attention mask says so as well, and padded positions' logits are
+    never read. :func:`grouped_continuation_logprobs` does the same for several questions at
+    once.
+    """
+    return grouped_continuation_logprobs(model, [requests], window)[0]
+
+
+@torch.no_grad()
+def grouped_continuation_logprobs(model: nn.Module, groups: Sequence[Sequence[Request]],
+                                  window: int | None = None) -> list[Tensor]:
+    """:func:`continuation_logprobs` of each group (a question's choices), in one batch.
+
+    The ``G`` groups' shared prefixes, of lengths ``s_g``, run as one left-padded batch
+    ``(G, max s_g)``; the cache is copied to one row per request (row ``r`` of group ``g(r)``)
+    and the rests run right-padded, ``(R, max rest)``. The attention mask marks the real tokens
+    of each row (its group's prefix, then its own rest), and positions count real tokens only,
+    so every row computes what it would alone. A batch wider than the window is split in two
+    (one group alone is never wider). Returns ``G`` tensors ``(n_g,)`` float32.
+    """
+    if not groups or any(not g for g in groups):
+        raise BadInput("nothing to score: no (context, continuation) pair")
+    if any(len(x) == 0 for g in groups for x, _ in g):
+        raise BadInput("every context must hold at least one token (e.g. the BOS id)")
+    if any(len(c) == 0 for g in groups for _, c in g):
+        raise BadInput("every continuation must hold at least one token")
+    model.eval()
+    if window is None:
+        window = model.config.context
+    inputs = [[_inputs(x, c, window) for x, c in g] for g in groups]
+    shared = [len(os.path.commonprefix(rows)) for rows in inputs]  # works on any sequences
+    width = max(shared) + max(len(x) - s for rows, s in zip(inputs, shared, strict=True)
+                              for x in rows)
+    if window is not None and width > window and len(groups) > 1:  # halves fit sooner or later
+        half = len(groups) // 2
+        return (grouped_continuation_logprobs(model, groups[:half], window)
+                + grouped_continuation_logprobs(model, groups[half:], window))
+    return _score(model, groups, inputs, shared)
+
+
+def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[list[list[int]]],
+           shared: list[int]) -> list[Tensor]:
+    """The two forward calls of :func:`grouped_continuation_logprobs`, and the picking."""
+    device = next(model.parameters()).device
+    owner = [g for g, rows in enumerate(inputs) for _ in rows]  # the group of each request
+    flat = [x for rows in inputs for x in rows]  # (R,) inputs
+    conts = [c for g in groups for _, c in g]
+    prefix = max(shared)
+    rests = [len(x) - shared[g] for x, g in zip(flat, owner, strict=True)]
+    cache = model.new_cache(capacity=prefix + max(rests))
+    head = None  # (G, prefix, vocab): the prefixes' logits, left-padded
+    prefix_mask = torch.zeros(len(groups), prefix, dtype=torch.bool)  # built on the host
+    if prefix:
+        ids = torch.zeros(len(groups), prefix, dtype=torch.long)
+        for g, (rows, s) in enumerate(zip(inputs, shared, strict=True)):
+            if s:
+                ids[g, prefix - s:] = torch.tensor(rows[0][:s])
+                prefix_mask[g, prefix - s:] = True
+        padded = not bool(prefix_mask.all())
+        head = model(ids.to(device), cache=cache,
+                     attention_mask=prefix_mask.to(device) if padded else None)
+        # every request continues from its own copy of its group's keys and values
+        cache.reorder(torch.tensor(owner, device=device))
+    tail = None  # (R, max rest, vocab): each request's logits after its prefix
+    if max(rests) > 0:
+        ids = torch.zeros(len(flat), max(rests), dtype=torch.long)
+        rest_mask = torch.zeros(len(flat), max(rests), dtype=torch.bool)
+        for r, (x, g) in enumerate(zip(flat, owner, strict=True)):
+            ids[r, : rests[r]] = torch.tensor(x[shared[g]:])
+            rest_mask[r, : rests[r]] = True
+        mask = torch.cat([prefix_mask[owner], rest_mask], 1)  # (R, prefix + max rest)
+        tail = model(ids.to(device), cache=cache, attention_mask=mask.to(device))
+    rows = []  # the logits that predict each c_r: (len(c_r), vocab) each, in order
+    for r, (x, g, c) in enumerate(zip(flat, owner, conts, strict=True)):
+        start, s = len(x) - len(c), shared[g]  # the first input position whose logits are read
+        if start < s:  # in the prefix, which sits at the right end of its padded row
+            rows.append(head[g, prefix - s + start : prefix])
+        if len(x) > s:
+            rows.append(tail[r, max(start - s, 0) : rests[r]])
+    targets = torch.tensor([t for c in conts for t in c], device=device)
+    which = torch.tensor([r for r, c in enumerate(conts) for _ in c], device=device)
+    slot = torch.tensor([t for c in conts for t in range(len(c))], device=device)
+    per_token = torch.zeros(len(flat), max(len(c) for c in conts), device=device)
+    per_token[which, slot] = _picked(torch.cat(rows), targets)  # (R, longest continuation)
+    sums = per_token.sum(-1)  # zeros past each continuation's end; the same order every run
+    return list(sums.split([len(g) for g in groups]))
+
+
+__all__ = ["token_logprobs", "continuation_logprobs", "grouped_continuation_logprobs"]

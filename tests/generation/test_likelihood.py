@@ -1,0 +1,185 @@
+"""attnlab.generation.likelihood against the definition, computed the slow way: one full
+forward pass over each (context + continuation) alone, log-softmax, the continuation's tokens
+picked and summed. The batched path (shared prefix once, a KV cache copied per choice, right
+padding) must give the same numbers."""
+
+import pytest
+import torch
+
+from attnlab import GPT, ModelConfig
+from attnlab.errors import BadInput
+from attnlab.generation.likelihood import (
+    continuation_logprobs,
+    grouped_continuation_logprobs,
+    token_logprobs,
+)
+
+TINY = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_decoder_layers=2, max_len=64)
+
+
+def tiny(preset: str, **fields) -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig.from_preset(preset, **{**TINY, **fields})).eval()
+
+
+@pytest.fixture(scope="module", params=["gpt-mini", "llama-mini"])  # learned positions; RoPE+GQA
+def model(request) -> GPT:
+    return tiny(request.param, **({"num_kv_heads": 2} if request.param == "llama-mini" else {}))
+
+
+def direct(model: GPT, context: list[int], continuation: list[int],
+           window: int | None = None) -> float:
+    """The harness's definition, one sequence at a time: the input is (context ⧺ continuation)
+    cut to its last window + 1 tokens, less the last; its last len(continuation) positions
+    predict the continuation."""
+    whole = context + continuation
+    if window is not None:
+        whole = whole[-(window + 1):]
+    with torch.no_grad():
+        logits = model(torch.tensor([whole[:-1]]))[0, -len(continuation):]
+    logp = torch.log_softmax(logits.double(), -1)
+    return float(sum(logp[t, tok] for t, tok in enumerate(continuation)))
+
+
+def check(model, requests, window=None):
+    got = continuation_logprobs(model, requests, window)
+    assert got.dtype == torch.float32 and got.shape == (len(requests),)
+    want = torch.tensor([direct(model, x, c, window) for x, c in requests])
+    torch.testing.assert_close(got.double(), want.double(), atol=1e-5, rtol=1e-5)
+
+
+def test_choices_of_different_lengths_sharing_a_context(model):
+    context = [5, 17, 3, 42, 8, 8, 1]
+    check(model, [(context, [9]), (context, [11, 12, 13, 14, 15]), (context, [20, 21])])
+
+
+def test_choices_that_share_their_first_tokens(model):
+    """The common prefix then reaches past the context ("the cat" / "the dog")."""
+    context = [4, 4, 30]
+    check(model, [(context, [7, 8, 9]), (context, [7, 8, 2, 2]), (context, [7, 10])])
+
+
+def test_single_token_choices_and_a_one_token_context(model):
+    check(model, [([3], [1]), ([3], [2]), ([3], [49])])
+
+
+def test_identical_choices_score_the_same(model):
+    got = continuation_logprobs(model, [([1, 2, 3], [4, 5]), ([1, 2, 3], [4, 5])])
+    assert got[0] == got[1]
+
+
+def test_different_contexts_in_one_call(model):
+    """Requests need not share anything: with no common prefix the batch runs uncached."""
+    check(model, [([1, 2, 3], [4, 5]), ([6, 7], [8]), ([1, 2], [9, 9, 9])])
+
+
+@pytest.mark.parametrize("window", [6, 9])
+def test_a_window_shorter_than_the_prompt_cuts_from_the_left_per_choice(model, window):
+    """As the harness: each choice keeps the last window + 1 tokens of its own sequence, so
+    choices of different lengths see different context (and share less, or nothing)."""
+    context = list(range(1, 13))
+    check(model, [(context, [20]), (context, [21, 22, 23]), (context, [24, 25])], window)
+
+
+def test_the_window_defaults_to_the_models_context():
+    short = tiny("gpt-mini", max_len=64, block_size=8)
+    context = list(range(1, 20))
+    requests = [(context, [30, 31]), (context, [32])]
+    want = torch.tensor([direct(short, x, c, window=8) for x, c in requests])
+    torch.testing.assert_close(continuation_logprobs(short, requests).double(), want.double(),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_a_question_costs_two_forward_calls_whatever_its_choices(model):
+    calls = []
+    hook = model.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
+    try:
+        context = list(range(1, 30))
+        continuation_logprobs(model, [(context, [5, 6, 7]), (context, [8]), (context, [9, 9])])
+        assert calls == [(1, 29), (3, 2)]  # the shared prefix, then the rest as one batch
+        calls.clear()
+        continuation_logprobs(model, [(context, [5]), (context, [8]), (context, [9])])
+        assert calls == [(1, 29)]  # one-token choices: the prefix's logits are all it needs
+    finally:
+        hook.remove()
+
+
+QUESTIONS = [
+    [([5, 17, 3, 42, 8, 8, 1], [9]), ([5, 17, 3, 42, 8, 8, 1], [11, 12, 13])],
+    [([2], [7, 8]), ([2], [7, 10, 11, 12]), ([2], [30])],  # a one-token prefix
+    [(list(range(1, 20)), [21, 22]), (list(range(1, 20)), [23])],  # the longest prefix
+    [([4, 4], [6])],  # a single request: its whole input is the prefix
+]
+
+
+def test_several_questions_in_one_batch_score_as_each_alone(model):
+    """Prefixes of different lengths are left-padded, rests right-padded: nothing changes."""
+    calls = []
+    hook = model.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
+    try:
+        got = grouped_continuation_logprobs(model, QUESTIONS)
+    finally:
+        hook.remove()
+    assert calls == [(4, 19), (8, 3)]  # every prefix, then every rest: two calls in all
+    for scores, requests in zip(got, QUESTIONS, strict=True):
+        want = torch.tensor([direct(model, x, c) for x, c in requests])
+        torch.testing.assert_close(scores.double(), want.double(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_batch_wider_than_the_window_is_split(model):
+    """Window 12: the second question's 11-token prefix and the first's 5-token rest would
+    make 16 columns; each question alone fits (and the first is cut from the left)."""
+    groups = [[(list(range(1, 10)), [30, 31, 32, 33, 34]), (list(range(1, 10)), [35])],
+              [(list(range(1, 12)), [36]), (list(range(1, 12)), [37])]]
+    got = grouped_continuation_logprobs(model, groups, window=12)
+    for scores, requests in zip(got, groups, strict=True):
+        want = torch.tensor([direct(model, x, c, window=12) for x, c in requests])
+        torch.testing.assert_close(scores.double(), want.double(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_question_cut_differently_per_choice_shares_no_prefix_in_a_batch(model):
+    groups = [[(list(range(1, 13)), [20]), (list(range(1, 13)), [21, 22, 23])],  # cut at 6
+              [([3, 4], [5, 6])]]
+    got = grouped_continuation_logprobs(model, groups, window=6)
+    for scores, requests in zip(got, groups, strict=True):
+        want = torch.tensor([direct(model, x, c, window=6) for x, c in requests])
+        torch.testing.assert_close(scores.double(), want.double(), atol=1e-5, rtol=1e-5)
+
+
+def test_token_logprobs_is_the_per_token_definition(model):
+    ids = torch.tensor([[1, 5, 9, 2, 7, 7], [3, 3, 4, 10, 11, 12]])
+    got = token_logprobs(model, ids)
+    assert got.shape == (2, 5) and got.dtype == torch.float32
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).double(), -1)
+    want = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    # the sum over a continuation's tokens is continuation_logprobs' score
+    score = continuation_logprobs(model, [([1, 5, 9], [2, 7, 7])])[0]
+    torch.testing.assert_close(got[0, 2:].sum(), score, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_logits_are_scored_in_float32():
+    m = tiny("gpt-mini").to(torch.bfloat16)
+    got = continuation_logprobs(m, [([1, 2, 3], [4, 5]), ([1, 2, 3], [6])])
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+
+
+def test_an_empty_group_is_refused(model):
+    with pytest.raises(BadInput, match="nothing to score"):
+        grouped_continuation_logprobs(model, [[([1], [2])], []])
+
+
+@pytest.mark.parametrize("requests, message", [
+    ([], "nothing to score"),
+    ([([], [1])], "context"),
+    ([([1], [])], "continuation"),
+])
+def test_empty_input_is_refused(model, requests, message):
+    with pytest.raises(BadInput, match=message):
+        continuation_logprobs(model, requests)
+
+
+def test_a_continuation_longer_than_the_window_is_refused(model):
+    with pytest.raises(BadInput, match="does not fit"):
+        continuation_logprobs(model, [([1, 2], [3, 4, 5, 6])], window=3)
