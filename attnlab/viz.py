@@ -1,5 +1,6 @@
 """Pictures (matplotlib, written as PNG): attention heatmaps and grids, cross-attention
-alignments, the sinusoidal positional-encoding matrix, learning-rate schedules, loss curves.
+alignments, a ViT's [CLS] attention rollout over its image, the sinusoidal positional-encoding
+matrix, learning-rate schedules, loss curves.
 
 Each picture has a ``figure_*`` function that builds it and returns the matplotlib ``Figure``
 (drawn on its own Agg canvas; pyplot and its global backend are not touched), and a ``plot_*``
@@ -87,6 +88,42 @@ def plot_attention_grid(weights: torch.Tensor, tokens: list[str], path: str | Pa
                         title: str = "self-attention") -> Path:
     """:func:`figure_attention_grid` written as a PNG; returns ``path``."""
     return _save(figure_attention_grid(weights, tokens, title), path)
+
+
+def figure_image_attention(image: torch.Tensor, attention: torch.Tensor,
+                           title: str = "attention rollout") -> Figure:
+    """Where a ViT's [CLS] looks: ``image (C, H, W)`` or ``(H, W)`` in [0, 1] (shown in gray,
+    the mean of its channels) and ``attention (grid, grid)`` (the [CLS] row of the attention
+    rollout over the patches, patch i at row i // grid, column i % grid) upsampled to the
+    image, each patch's value over its ``H/grid × W/grid`` pixels, and laid over it (alpha
+    0.55) with a colour bar. Returns the figure: the image alone, then with the overlay,
+    ``title`` above both."""
+    import numpy as np
+
+    pixels = image.detach().float().cpu()
+    pixels = (pixels.mean(0) if pixels.dim() == 3 else pixels).numpy()  # (H, W)
+    a = attention.detach().float().cpu().numpy()  # (grid, grid)
+    h, w = pixels.shape
+    upsampled = np.kron(a, np.ones((h // a.shape[0], w // a.shape[1])))  # (H, W)
+    fig = _figure(7, 3.6, dpi=120)
+    left, right = fig.subplots(1, 2)
+    for ax in (left, right):
+        ax.imshow(pixels, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    left.set_title("image")
+    overlay = right.imshow(upsampled, cmap="inferno", alpha=0.55, interpolation="nearest",
+                           vmin=float(a.min()), vmax=max(float(a.max()), float(a.min()) + 1e-9))
+    right.set_title("[CLS] attention rollout")
+    fig.colorbar(overlay, ax=right, label="share of [CLS]")
+    fig.suptitle(title)
+    return _fit(fig)
+
+
+def plot_image_attention(image: torch.Tensor, attention: torch.Tensor, path: str | Path,
+                         title: str = "attention rollout") -> Path:
+    """:func:`figure_image_attention` written as a PNG; returns ``path``."""
+    return _save(figure_image_attention(image, attention, title), path)
 
 
 # --- positions, schedules, training ------------------------------------------------------------

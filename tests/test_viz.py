@@ -115,6 +115,25 @@ def test_attention_grid_text_fits(layers, heads, tokens, title):
     assert {title, f"layer {layers - 1} head {heads - 1}", *tokens} <= shown(texts)
 
 
+@pytest.mark.parametrize("image, grid, title", [
+    (torch.rand(1, 8, 8), 4, "digits test image 3 (label 7)\nmodel: vit-tiny (freshly "
+                             "initialised, seed 0: random weights)\npredicted 7 (p = 0.12)"),
+    (torch.rand(3, 224, 224), 14, "an RGB image\nmodel: runs/an-imagenet-vit-with-a-long-name/"
+                                  "final, a title far wider than the figure\npredicted 281"),
+    (torch.rand(8, 8), 4, "x"),
+], ids=["digits", "rgb-224-long-title", "two-dim-image-short-title"])
+def test_image_attention_text_fits(image, grid, title):
+    attention = torch.rand(grid * grid).softmax(-1).reshape(grid, grid)
+    fig = viz.figure_image_attention(image, attention, title)
+    texts = assert_text_fits(fig)
+    assert [t.get_text() for t in fig.texts] == [title]
+    assert {title, "image", "[CLS] attention rollout", "share of [CLS]"} <= shown(texts)
+    overlay = fig.axes[1].get_images()[-1].get_array()  # the rollout, upsampled to the image
+    assert overlay.shape == tuple(image.shape[-2:])
+    patch = image.shape[-1] // grid
+    assert float(overlay[patch * 1, patch * 2]) == pytest.approx(float(attention[1, 2]))
+
+
 @pytest.mark.parametrize("max_len, d_model", [(100, 512), (2000, 16)])
 def test_positional_encoding_text_fits(max_len, d_model):
     texts = assert_text_fits(viz.figure_positional_encoding(max_len, d_model))
@@ -142,9 +161,11 @@ def test_loss_curve_text_fits(tmp_path):
     (viz.plot_cross_attention, viz.figure_cross_attention,
      (torch.rand(2, 20), LONG, ["42", "</s>"])),
     (viz.plot_attention_grid, viz.figure_attention_grid, (torch.rand(2, 3, 8, 8), MINILM)),
+    (viz.plot_image_attention, viz.figure_image_attention, (torch.rand(1, 8, 8),
+                                                            torch.rand(4, 4))),
     (viz.plot_positional_encoding, viz.figure_positional_encoding, (50, 64)),
     (viz.plot_schedule, viz.figure_schedule, (NoamSchedule(64, 100, 1.0), 500)),
-], ids=["cross", "grid", "positional", "schedule"])
+], ids=["cross", "grid", "image", "positional", "schedule"])
 def test_the_png_is_the_figure_that_fits(tmp_path, plot, figure, args):
     """What plot_* writes is figure_*'s canvas, whole: same pixel size."""
     path = tmp_path / "picture.png"

@@ -1,5 +1,6 @@
-"""``attnlab explain`` (one sentence through the pipeline, checked as it goes) and
-``attnlab plot`` (PNG pictures).
+"""``attnlab explain`` (one sentence, or with ``--image`` one image through a ViT, through the
+pipeline, checked as it goes) and ``attnlab plot`` (PNG pictures; ``plot attention --image``:
+a ViT's [CLS] attention rollout laid over the image).
 
 What a command runs is what the user asked for: ``explain`` and ``plot attention``/``cross``
 need a sentence (none is made up), a model is announced on stderr before it runs (a freshly
@@ -33,15 +34,19 @@ def cmd_explain(args: argparse.Namespace) -> None:
 
     if args.backward:
         given = [name for name, value in (("sentence", args.sentence), ("--model", args.model),
-                                          ("--compare", args.compare), ("--word", args.word),
-                                          ("--html", args.html)) if value]
+                                          ("--image", args.image), ("--compare", args.compare),
+                                          ("--word", args.word), ("--html", args.html))
+                 if value]
         if given:
             raise UsageError(f"--backward takes no {', '.join(given)}: it checks one head's "
                              "gradients on fixed random numbers, not a model")
         print(format_backward(dims=args.dims))
         return
+    if args.image:
+        _explain_image(args)
+        return
     if not args.sentence:
-        raise UsageError("give a sentence to explain (or --backward)")
+        raise UsageError("give a sentence to explain (or --image, or --backward)")
     if args.word and not args.compare:
         raise UsageError("--word names the word --compare compares; give --compare SENTENCE")
     if args.html:
@@ -66,12 +71,55 @@ def cmd_explain(args: argparse.Namespace) -> None:
         raise CheckFailed("a check failed (see above)")
 
 
+def _explain_image(args: argparse.Namespace) -> None:
+    """``explain --image``: the patch embedding, one layer and head, and the prediction of a
+    ViT, each stage checked against the model's own pass."""
+    given = [name for name, value in (("sentence", args.sentence), ("--compare", args.compare),
+                                      ("--word", args.word)) if value]
+    if given:
+        raise UsageError(f"--image takes no {', '.join(given)}: it follows one image, not "
+                         "a sentence")
+    if args.html:
+        _check_can_write(args.html, "--html")
+    from attnlab.explain.image import make_image_subject, walk_image
+    from attnlab.explain.report import format_text
+
+    model, image, name, label = _vision(args, "explain --image")
+    w = walk_image(make_image_subject(model, image, name, label), args.layer, args.head)
+    print(format_text(w, args.dims))
+    if args.html:
+        from attnlab.explain.html import write_html
+
+        print(f"\nHTML page: {write_html(w, args.html, dims=args.dims)}")
+    if not all(c.ok for c in w.checks):
+        raise CheckFailed("a check failed (see above)")
+
+
+def _vision(args: argparse.Namespace, command: str):
+    """``(model, image (1, C, H, W), image name, model label)`` for ``--image``: the ViT
+    ``--model`` names (any other model is refused), else a freshly initialised vit-tiny
+    (random weights, ``--seed``); the image read at the model's shape; announced on stderr
+    once both are known good."""
+    from attnlab.data.images import read_image
+    from attnlab.explain.image import load_image_model
+
+    model, label, source = load_image_model(args.model, args.seed, command)
+    c = model.config
+    image, name = read_image(args.image, c.num_channels, c.image_size)
+    announce(args, source, *_runs_on(model))
+    return model, image, name, label
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
     import torch
 
     from attnlab import viz
 
-    if args.what in EXAMPLES and not args.sentence:
+    if args.image and args.what != "attention":
+        raise UsageError(f"--image is for plot attention, not plot {args.what}")
+    if args.image and args.sentence:
+        raise UsageError("plot attention takes a sentence or --image, not both")
+    if args.what in EXAMPLES and not args.sentence and not args.image:
         raise UsageError(f"plot {args.what} needs a sentence to run through the model, e.g. "
                          f"attnlab plot {args.what} {EXAMPLES[args.what]} --out {args.out}")
     if args.what == "cross" and not args.model:
@@ -82,7 +130,17 @@ def cmd_plot(args: argparse.Namespace) -> None:
         raise UsageError(f"plot {args.what} takes no {' or '.join(given)}: it runs no model")
     out = Path(args.out)
     _check_can_write(out, "--out")
-    if args.what == "attention":
+    if args.what == "attention" and args.image:
+        from attnlab.explain.image import image_attention
+
+        model, image, name, label = _vision(args, "plot attention --image")
+        seen = image_attention(model, image)
+        title = f"{name}\nmodel: {label}"
+        if seen.predicted is not None:
+            title += (f"\npredicted {seen.predicted} "
+                      f"(p = {float(seen.probabilities[seen.predicted]):.2f})")
+        viz.plot_image_attention(image[0], seen.cls_map, out, title=title)
+    elif args.what == "attention":
         from attnlab.explain.subject import make_subject
 
         model, tok, label = _encoder(args, [args.sentence])
@@ -149,10 +207,16 @@ def add_commands(sub) -> None:
         "explain", help="follow one sentence through an encoder layer, checked as it goes",
         description="Print every stage (tokens, ids, embeddings, positions, Q/K/V, scores, "
                     "scaling, mask, softmax, weighted sum, heads, W_O, residual + norm, "
-                    "feed-forward) for one layer and head, with computed checks.")
+                    "feed-forward) for one layer and head, with computed checks. With --image, "
+                    "a ViT's: patches, their projection, [CLS], positions, the layer, the "
+                    "prediction.")
     ex.add_argument("sentence", nargs="?", help="the sentence to follow")
-    add_model_arg(ex, "minilm, a HF BERT folder or an attnlab run (default: a freshly "
-                      "initialised tiny model, random weights)", required=False)
+    add_model_arg(ex, "minilm, a HF BERT folder or an attnlab run; with --image a ViT run or "
+                      "HF ViT folder (default: a freshly initialised tiny model, or vit-tiny, "
+                      "random weights)", required=False)
+    ex.add_argument("--image", metavar="SPEC",
+                    help="follow an image through a ViT instead: digits:N (image N of the "
+                         "digits test split), or a .npy or PNG file of the model's shape")
     ex.add_argument("--layer", type=int, default=0)
     ex.add_argument("--head", type=int, default=0)
     ex.add_argument("--dims", type=int, default=6, help="columns of each matrix to print")
@@ -163,25 +227,33 @@ def add_commands(sub) -> None:
     ex.add_argument("--backward", action="store_true",
                     help="print one head's gradients by the formulas, checked against autograd "
                          "(on fixed random numbers: no sentence, no model)")
-    ex.add_argument("--seed", type=int, default=0, help="seed of the tiny model")
+    ex.add_argument("--seed", type=int, default=0, help="seed of the tiny model (or vit-tiny)")
     add_quiet_arg(ex)
     ex.set_defaults(func=cmd_explain)
 
-    pl = sub.add_parser("plot", help="PNG pictures: attention grid, cross-attention, "
-                                     "positional encoding, learning-rate schedule",
+    pl = sub.add_parser("plot", help="PNG pictures: attention grid, a ViT's attention "
+                                     "rollout, cross-attention, positional encoding, "
+                                     "learning-rate schedule",
                         description="Draw a picture as a PNG file.")
-    pl.add_argument("what", choices=["attention", "cross", "positional", "schedule"])
+    pl.add_argument("what", choices=["attention", "cross", "positional", "schedule"],
+                    help="attention: every head's map for a sentence, or with --image a "
+                         "ViT's [CLS] attention rollout over the image")
     pl.add_argument("sentence", nargs="?",
                     help="attention, cross: the sentence to run through the model (required)")
-    add_model_arg(pl, "attention: minilm, a HF BERT folder or a run (default: a freshly "
-                      "initialised tiny model, random weights); cross: a translation run or "
-                      "checkpoint (required)", required=False)
+    add_model_arg(pl, "attention: minilm, a HF BERT folder or a run, with --image a ViT run or "
+                      "HF ViT folder (default: a freshly initialised tiny model, or vit-tiny, "
+                      "random weights); cross: a translation run or checkpoint (required)",
+                  required=False)
+    pl.add_argument("--image", metavar="SPEC",
+                    help="attention: an image instead of a sentence: digits:N (image N of the "
+                         "digits test split), or a .npy or PNG file of the model's shape")
     add_out_arg(pl, "the PNG file to write", required=True)
     pl.add_argument("--d-model", type=int, default=512, help="positional, schedule: d_model")
     pl.add_argument("--max-len", type=int, default=100, help="positional: positions to draw")
     pl.add_argument("--warmup", type=int, default=4000, help="schedule: warmup steps")
     pl.add_argument("--factor", type=float, default=1.0, help="schedule: the lr's factor")
     pl.add_argument("--steps", type=int, default=20000, help="schedule: steps to draw")
-    pl.add_argument("--seed", type=int, default=0, help="attention: seed of the tiny model")
+    pl.add_argument("--seed", type=int, default=0, help="attention: seed of the tiny model "
+                                                          "(or vit-tiny)")
     add_quiet_arg(pl)
     pl.set_defaults(func=cmd_plot)

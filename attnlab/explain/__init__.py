@@ -1,9 +1,18 @@
-"""attnlab.explain: one sentence through the pipeline, recomputed and checked stage by stage;
-a numpy reference for one attention head (forward and backward); an HTML report."""
+"""attnlab.explain: one sentence (or, with a ViT, one image) through the pipeline, recomputed
+and checked stage by stage; attention rollout; a numpy reference for one attention head
+(forward and backward); an HTML report."""
 
+from attnlab.explain.image import (
+    ImageSubject,
+    attention_rollout,
+    image_attention,
+    make_image_subject,
+    walk_image,
+)
 from attnlab.explain.numpy_attention import head_backward, head_forward
 from attnlab.explain.subject import Subject, load_subject_model, make_subject
 from attnlab.explain.walkthrough import Check, Stage, Walkthrough, compare_word, walk
 
 __all__ = ["walk", "compare_word", "Walkthrough", "Stage", "Check", "Subject", "make_subject",
-           "load_subject_model", "head_forward", "head_backward"]
+           "load_subject_model", "head_forward", "head_backward", "walk_image",
+           "make_image_subject", "ImageSubject", "attention_rollout", "image_attention"]

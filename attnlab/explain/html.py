@@ -98,7 +98,7 @@ def write_html(w: Walkthrough, path: str | Path, compare: dict | None = None,
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>attnlab explain</title>
 <style>{_STYLE}</style></head><body>
-<h1>attnlab explain: {html.escape(w.subject.sentence)}</h1>
+<h1>attnlab explain: {html.escape(w.subject.title)}</h1>
 <p>Model: {html.escape(w.subject.label)}. Attention weights of every layer and head, from the
 model's own forward pass.</p>
 <div class="controls"><label>Layer <select id="layer"></select></label>

@@ -36,7 +36,7 @@ def check_lines(w: Walkthrough) -> list[str]:
 def format_text(w: Walkthrough, dims: int = 6, compare: dict | None = None) -> str:
     s = w.subject
     out = [f"model: {s.label}",
-           f"sentence: {s.sentence!r}",
+           s.input_line,
            f"following layer {w.layer}, head {w.head} "
            f"(d_model {s.model.config.d_model}, {s.model.config.n_heads} heads, "
            f"d_k {s.model.config.d_k}); values show the first {dims} columns", ""]

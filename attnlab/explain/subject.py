@@ -7,12 +7,15 @@ the layer's output. The walkthrough recomputes each stage by hand and compares w
 
 Encoders that can be explained: a freshly initialised ``tiny`` encoder–decoder (its encoder;
 sinusoidal positions), any BERT (``minilm``, a Hugging Face folder, an attnlab run), and an
-attnlab translation run (its encoder).
+attnlab translation run (its encoder). Images (a ViT's [CLS] and patches) are followed by
+:mod:`attnlab.explain.image`, whose subject has the same :class:`EncoderInput` interface.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -49,29 +52,68 @@ class Subject:
     mask: Tensor  # (seq, seq) boolean, True = may attend
     _forward: object = None
 
+    @property
+    def title(self) -> str:
+        """What is followed, in a heading: the sentence."""
+        return self.sentence
+
+    @property
+    def input_line(self) -> str:
+        return f"sentence: {self.sentence!r}"
+
     def run_model(self) -> OwnRun:
         """The model's own encoder pass with need_weights, recorded by forward hooks."""
-        run = OwnRun()
+        return record_run(self.layers, self._forward)
 
-        def record_layer(module, args, out) -> None:  # hooks return None: output unchanged
-            run.layer_inputs.append(args[0][0].detach())
-            run.layer_outputs.append(out[0].detach())
-            run.weights.append(module.attn_weights[0].detach())
 
-        def record_attention(module, args, out) -> None:
-            run.attention_outputs.append(out[0][0].detach())  # out = (output, weights)
+class EncoderInput(Protocol):
+    """What :func:`~attnlab.explain.walkthrough.layer_stages` reads: an encoder's input of
+    ``seq`` positions (a sentence's tokens, or an image's [CLS] and patches), the encoder's
+    layers, and the model's own run of it."""
 
-        hooks = []
-        for layer in self.layers:
-            hooks.append(layer.register_forward_hook(record_layer))
-            hooks.append(layer.self_attn.register_forward_hook(record_attention))
-        try:
-            with torch.no_grad():
-                self._forward()
-        finally:
-            for h in hooks:
-                h.remove()
-        return run
+    label: str
+    model: nn.Module
+    tokens: list[str]  # a name for each position, (seq,)
+    layers: nn.ModuleList
+    positional: nn.Module  # the positional encoding's hooks (rotate, attention_bias)
+    positions: Tensor  # (seq,)
+    mask: Tensor  # (seq, seq) boolean, True = may attend
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def input_line(self) -> str: ...
+
+    def run_model(self) -> OwnRun: ...
+
+
+def record_run(layers: nn.ModuleList, forward: Callable[[], object],
+               run: OwnRun | None = None) -> OwnRun:
+    """Call ``forward()`` (the model's own pass, ``need_weights`` on) under no_grad, recording
+    into ``run`` (a new :class:`OwnRun` by default) each layer's input, self-attention output,
+    weights and output through forward hooks, removed afterwards."""
+    run = OwnRun() if run is None else run
+
+    def record_layer(module, args, out) -> None:  # hooks return None: output unchanged
+        run.layer_inputs.append(args[0][0].detach())
+        run.layer_outputs.append(out[0].detach())
+        run.weights.append(module.attn_weights[0].detach())
+
+    def record_attention(module, args, out) -> None:
+        run.attention_outputs.append(out[0][0].detach())  # out = (output, weights)
+
+    hooks = []
+    for layer in layers:
+        hooks.append(layer.register_forward_hook(record_layer))
+        hooks.append(layer.self_attn.register_forward_hook(record_attention))
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return run
 
 
 def _tiny(sentences: list[str], seed: int):
@@ -95,6 +137,9 @@ def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
     from attnlab.storage import MINILM, load
 
     loaded = load(spec)
+    if loaded.kind == "vision":
+        raise BadInput(f"{spec}: a vision model (arch='vision') reads images, not sentences: "
+                       "give --image digits:N, a .npy or a PNG file")
     tok = loaded.tokenizers.get("text") or loaded.tokenizers.get("source")
     if loaded.kind == "decoder" or tok is None:
         raise BadInput(f"{spec}: explain follows an encoder; arch={loaded.kind!r} has none")

@@ -5,6 +5,10 @@ softmax, a layer norm), and each :class:`Check` compares a hand-computed result 
 library or the model's own forward pass produced. Nothing is asserted: a check reports the
 measured difference and whether it is within tolerance.
 
+:func:`walk` follows a sentence (its tokens, ids and embeddings, then the layer);
+:func:`layer_stages`, the layer itself, is shared with the image walkthrough
+(:mod:`attnlab.explain.image`: patches, [CLS] and positions, then the same layer).
+
 The stages of encoder layer ℓ, head h (post-LN shown; pre-LN normalises before each sublayer):
 
     X            the layer's input (x₀ for ℓ = 0)                          (seq, d_model)
@@ -28,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.errors import BadInput
-from attnlab.explain.subject import OwnRun, Subject
+from attnlab.explain.subject import EncoderInput, OwnRun, Subject
 from attnlab.nn import scaled_dot_product_attention
 
 
@@ -57,7 +61,7 @@ class Check:
 
 @dataclass
 class Walkthrough:
-    subject: Subject
+    subject: EncoderInput  # a Subject (a sentence) or an image's ImageSubject
     layer: int
     head: int
     stages: list[Stage] = field(default_factory=list)
@@ -68,7 +72,8 @@ class Walkthrough:
         return next(s for s in self.stages if s.title == title)
 
 
-def _diff(a: Tensor, b: Tensor) -> float:
+def diff(a: Tensor, b: Tensor) -> float:
+    """The largest absolute difference of ``a`` and ``b``, in float64."""
     return float((a.double() - b.double()).abs().max())
 
 
@@ -81,17 +86,24 @@ def _sublayer(residual, x: Tensor, f) -> tuple[Tensor, Tensor]:
     return out, residual.norm(x + out)
 
 
-def walk(subject: Subject, layer: int = 0, head: int = 0, tol: float = 1e-5) -> Walkthrough:
-    """Every stage of ``layer``/``head`` for ``subject``, with the checks made on the way."""
+def begin(subject: EncoderInput, layer: int = 0, head: int = 0) -> Walkthrough:
+    """An empty walkthrough of ``layer``/``head`` holding the model's own run of ``subject``
+    (a one-line BadInput for a layer or head the model does not have)."""
     n_layers = len(subject.layers)
     if not 0 <= layer < n_layers:
         raise BadInput(f"--layer {layer}: the model has layers 0..{n_layers - 1}")
-    block = subject.layers[layer]
-    attn = block.self_attn
-    if not 0 <= head < attn.n_heads:
-        raise BadInput(f"--head {head}: the layer has heads 0..{attn.n_heads - 1}")
+    n_heads = subject.layers[layer].self_attn.n_heads
+    if not 0 <= head < n_heads:
+        raise BadInput(f"--head {head}: the layer has heads 0..{n_heads - 1}")
     w = Walkthrough(subject, layer, head)
-    own = w.own = subject.run_model()
+    w.own = subject.run_model()
+    return w
+
+
+def walk(subject: Subject, layer: int = 0, head: int = 0, tol: float = 1e-5) -> Walkthrough:
+    """Every stage of ``layer``/``head`` for ``subject``, with the checks made on the way."""
+    w = begin(subject, layer, head)
+    own = w.own
     add, check = w.stages.append, w.checks.append
 
     add(Stage("tokens", "pieces of the sentence", subject.tokens))
@@ -105,8 +117,19 @@ def walk(subject: Subject, layer: int = 0, head: int = 0, tol: float = 1e-5) -> 
                   subject.segment_embedding))
     add(Stage("sum", subject.x0_formula, subject.x0))
     check(Check("x₀ by hand equals the input the model's first layer received",
-                _diff(subject.x0, own.layer_inputs[0]), tol))
+                diff(subject.x0, own.layer_inputs[0]), tol))
+    layer_stages(w, tol)
+    return w
 
+
+def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
+    """Append the stages and checks of encoder layer ``w.layer``, head ``w.head`` (Q, K, V to
+    the layer's output: the module docstring) to ``w``, for any encoder input: a sentence's
+    tokens or an image's patches. The layer's input is the one the model itself fed it."""
+    subject, own, layer, head = w.subject, w.own, w.layer, w.head
+    block = subject.layers[layer]
+    attn = block.self_attn
+    add, check = w.stages.append, w.checks.append
     with torch.no_grad():
         x = own.layer_inputs[layer]  # (seq, d): what the model itself fed this layer
         if layer > 0:
@@ -133,9 +156,10 @@ def walk(subject: Subject, layer: int = 0, head: int = 0, tol: float = 1e-5) -> 
         add(Stage("scores", "Q · Kᵀ", scores))
         add(Stage("scaled scores", f"Q · Kᵀ / √d_k  (√{d_k} = {math.sqrt(d_k):.4f})",
                   scores / math.sqrt(d_k)))
-        bias = subject.positional.attention_bias(subject.positions, len(subject.tokens))
+        seq = x.shape[0]
+        bias = subject.positional.attention_bias(subject.positions, seq)
         mask = subject.mask
-        add(Stage("mask", "True = may attend (no padding in one sentence: all True)",
+        add(Stage("mask", "True = may attend (one input, no padding: all True)",
                   mask.int()))
         # All heads at once (the head's stages are slices of these): (H, seq, seq)
         scaled_all = q_all @ k_all.transpose(-2, -1) / math.sqrt(d_k)
@@ -150,23 +174,22 @@ def walk(subject: Subject, layer: int = 0, head: int = 0, tol: float = 1e-5) -> 
         by_hand = torch.stack([sum(weights[i, j] * v[j] for j in range(v.shape[0]))
                                for i in range(weights.shape[0])])
         check(Check("Σ_j A_ij·V_j, summed one term at a time, equals the product A·V",
-                    _diff(by_hand, out_head), tol))
+                    diff(by_hand, out_head), tol))
         check(Check(f"head {head}'s weights equal the model's own (need_weights)",
-                    _diff(weights, own.weights[layer][head]), tol))
+                    diff(weights, own.weights[layer][head]), tol))
         explicit, _ = scaled_dot_product_attention(q_all[None], k_all[None], v_all[None],
                                                    mask=mask, bias=bias, need_weights=True)
         fused = scaled_dot_product_attention(q_all[None], k_all[None], v_all[None], mask=mask,
                                              bias=bias)
         check(Check("explicit and fused (torch SDPA) attention paths agree",
-                    _diff(explicit, fused), tol))
-        concat = (weights_all @ v_all).transpose(0, 1).reshape(len(subject.tokens),
-                                                               n_heads * d_k)
+                    diff(explicit, fused), tol))
+        concat = (weights_all @ v_all).transpose(0, 1).reshape(seq, n_heads * d_k)
         add(Stage("concatenated heads", f"Concat(head_0..head_{n_heads - 1})", concat))
         multihead = concat @ attn.out_proj.weight.T + _bias(attn.out_proj)
         add(Stage("multi-head output", "Concat · W_O + b_O", multihead,
                   f"W_O {tuple(attn.out_proj.weight.T.shape)}"))
         check(Check("Concat·W_O equals the model's own self-attention output",
-                    _diff(multihead, own.attention_outputs[layer]), tol))
+                    diff(multihead, own.attention_outputs[layer]), tol))
         _, y = _sublayer(block.attn_sublayer, x, lambda h: multihead)
         add(Stage("residual + norm", "Y = Norm(X + MultiHead)" if not
                   block.attn_sublayer.pre_norm else "Y = X + MultiHead(Norm(X))", y))
@@ -184,8 +207,7 @@ def walk(subject: Subject, layer: int = 0, head: int = 0, tol: float = 1e-5) -> 
         add(Stage("layer output", "Norm(Y + FFN)" if not block.ffn_sublayer.pre_norm
                   else "Y + FFN(Norm(Y))", out))
         check(Check(f"layer {layer}'s output by hand equals the model's own forward pass",
-                    _diff(out, own.layer_outputs[layer]), tol))
-    return w
+                    diff(out, own.layer_outputs[layer]), tol))
 
 
 def _projections(attn):
