@@ -186,11 +186,17 @@ def cmd_evaluate_choice(args: argparse.Namespace) -> None:
     announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
     precise = contextlib.nullcontext() if args.int4 else hardware.autocast(device, precision)
     start = time.perf_counter()
-    scores = []
+    # batched longest first, as lm-evaluation-harness orders its requests: questions of
+    # about the same length share a batch, so little of it is padding
+    order = sorted(range(len(requests)),
+                   key=lambda q: -max(len(x) + len(c) for x, c in requests[q]))
+    scores: list[list[float]] = [[] for _ in requests]
     with precise:
-        for i in range(0, len(requests), args.batch):
-            groups = requests[i : i + args.batch]
-            scores += [s.tolist() for s in grouped_continuation_logprobs(loaded.model, groups)]
+        for i in range(0, len(order), args.batch):
+            batch = order[i : i + args.batch]
+            done = grouped_continuation_logprobs(loaded.model, [requests[q] for q in batch])
+            for q, s in zip(batch, done, strict=True):
+                scores[q] = s.tolist()
     seconds = time.perf_counter() - start
     judged = [fewshot.judge(ex, s) for ex, s in zip(examples, scores, strict=True)]
     acc = fewshot.mean_stderr([j.acc for j in judged])

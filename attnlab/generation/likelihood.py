@@ -75,8 +75,8 @@ def continuation_logprobs(model: nn.Module, requests: Sequence[Request],
     """``(n,)`` float32: ``Σ_t log p(c_t | x ⧺ c_<t)`` for each request ``(x, c)``.
 
     Args:
-        model: a decoder-only model (``model(ids, cache=, attention_mask=)`` and
-            ``model.new_cache(capacity)``, as :class:`attnlab.GPT`).
+        model: a decoder-only model with ``features(ids, cache=, attention_mask=)``,
+            ``lm_head`` and ``new_cache(capacity)``, as :class:`attnlab.GPT`.
         requests: ``(context_ids, continuation_ids)`` pairs, at least one token each (the
             harness conditions an empty text on the BOS or EOS id). A multiple-choice question
             gives one per choice, all with the same context.
@@ -138,7 +138,7 @@ def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[l
     prefix = max(shared)
     rests = [len(x) - shared[g] for x, g in zip(flat, owner, strict=True)]
     cache = model.new_cache(capacity=prefix + max(rests))
-    head = None  # (G, prefix, vocab): the prefixes' logits, left-padded
+    head = None  # (G, prefix, d_model): the prefixes' last states, left-padded
     prefix_mask = torch.zeros(len(groups), prefix, dtype=torch.bool)  # built on the host
     if prefix:
         ids = torch.zeros(len(groups), prefix, dtype=torch.long)
@@ -147,11 +147,11 @@ def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[l
                 ids[g, prefix - s:] = torch.tensor(rows[0][:s])
                 prefix_mask[g, prefix - s:] = True
         padded = not bool(prefix_mask.all())
-        head = model(ids.to(device), cache=cache,
-                     attention_mask=prefix_mask.to(device) if padded else None)
+        head = model.features(ids.to(device), cache=cache,
+                              attention_mask=prefix_mask.to(device) if padded else None)
         # every request continues from its own copy of its group's keys and values
         cache.reorder(torch.tensor(owner, device=device))
-    tail = None  # (R, max rest, vocab): each request's logits after its prefix
+    tail = None  # (R, max rest, d_model): each request's states after its prefix
     if max(rests) > 0:
         ids = torch.zeros(len(flat), max(rests), dtype=torch.long)
         rest_mask = torch.zeros(len(flat), max(rests), dtype=torch.bool)
@@ -159,8 +159,10 @@ def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[l
             ids[r, : rests[r]] = torch.tensor(x[shared[g]:])
             rest_mask[r, : rests[r]] = True
         mask = torch.cat([prefix_mask[owner], rest_mask], 1)  # (R, prefix + max rest)
-        tail = model(ids.to(device), cache=cache, attention_mask=mask.to(device))
-    rows = []  # the logits that predict each c_r: (len(c_r), vocab) each, in order
+        tail = model.features(ids.to(device), cache=cache, attention_mask=mask.to(device))
+    # the states that predict each c_r, (len(c_r), d_model) each, in order: only they go
+    # through the vocabulary projection (of a 300-token prompt, a few positions are read)
+    rows = []
     for r, (x, g, c) in enumerate(zip(flat, owner, conts, strict=True)):
         start, s = len(x) - len(c), shared[g]  # the first input position whose logits are read
         if start < s:  # in the prefix, which sits at the right end of its padded row
@@ -171,7 +173,8 @@ def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[l
     which = torch.tensor([r for r, c in enumerate(conts) for _ in c], device=device)
     slot = torch.tensor([t for c in conts for t in range(len(c))], device=device)
     per_token = torch.zeros(len(flat), max(len(c) for c in conts), device=device)
-    per_token[which, slot] = _picked(torch.cat(rows), targets)  # (R, longest continuation)
+    logits = model.lm_head(torch.cat(rows))  # (Σ len(c_r), vocab)
+    per_token[which, slot] = _picked(logits, targets)  # (R, longest continuation)
     sums = per_token.sum(-1)  # zeros past each continuation's end; the same order every run
     return list(sums.split([len(g) for g in groups]))
 

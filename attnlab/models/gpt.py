@@ -56,7 +56,15 @@ class GPT(nn.Module):
     def forward(self, ids: Tensor, positions: Tensor | None = None,
                 cache: SelfAttentionCache | None = None, attention_mask: Tensor | None = None,
                 need_weights: bool = False) -> Tensor:
-        """Next-token logits for every position.
+        """Next-token logits ``(batch, seq, vocab)`` for every position: ``lm_head`` of
+        :meth:`features` (same arguments)."""
+        return self.lm_head(self.features(ids, positions, cache, attention_mask, need_weights))
+
+    def features(self, ids: Tensor, positions: Tensor | None = None,
+                 cache: SelfAttentionCache | None = None, attention_mask: Tensor | None = None,
+                 need_weights: bool = False) -> Tensor:
+        """The last block's output ``(batch, seq, d_model)``, before the vocabulary projection
+        (a scorer that needs the logits of a few positions projects only those).
 
         Args:
             ids: ``(batch, seq)`` token ids; with a ``cache``, only the new tokens.
@@ -73,9 +81,8 @@ class GPT(nn.Module):
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]
-        h = self.blocks(x, mask=mask, positional=self.positional, positions=positions,
-                        cache=cache, need_weights=need_weights)
-        return self.lm_head(h)
+        return self.blocks(x, mask=mask, positional=self.positional, positions=positions,
+                           cache=cache, need_weights=need_weights)
 
     def new_cache(self, capacity: int = 256) -> SelfAttentionCache:
         return SelfAttentionCache(len(self.blocks.layers), capacity)

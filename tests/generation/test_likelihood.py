@@ -92,14 +92,15 @@ def test_the_window_defaults_to_the_models_context():
 
 def test_a_question_costs_two_forward_calls_whatever_its_choices(model):
     calls = []
-    hook = model.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
+    hook = model.blocks.register_forward_hook(  # the stack: (batch, seq, d_model) in
+        lambda m, args, out: calls.append(tuple(args[0].shape[:2])))
     try:
         context = list(range(1, 30))
         continuation_logprobs(model, [(context, [5, 6, 7]), (context, [8]), (context, [9, 9])])
         assert calls == [(1, 29), (3, 2)]  # the shared prefix, then the rest as one batch
         calls.clear()
         continuation_logprobs(model, [(context, [5]), (context, [8]), (context, [9])])
-        assert calls == [(1, 29)]  # one-token choices: the prefix's logits are all it needs
+        assert calls == [(1, 29)]  # one-token choices: the prefix's states are all it needs
     finally:
         hook.remove()
 
@@ -112,10 +113,22 @@ QUESTIONS = [
 ]
 
 
+def test_only_the_read_positions_go_through_the_vocabulary_projection(model):
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape))
+    try:
+        context = list(range(1, 30))
+        continuation_logprobs(model, [(context, [5, 6, 7]), (context, [8]), (context, [9, 9])])
+    finally:
+        hook.remove()
+    assert rows == [(3 + 1 + 2, model.config.d_model)]  # one per continuation token
+
+
 def test_several_questions_in_one_batch_score_as_each_alone(model):
     """Prefixes of different lengths are left-padded, rests right-padded: nothing changes."""
     calls = []
-    hook = model.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
+    hook = model.blocks.register_forward_hook(  # the stack: (batch, seq, d_model) in
+        lambda m, args, out: calls.append(tuple(args[0].shape[:2])))
     try:
         got = grouped_continuation_logprobs(model, QUESTIONS)
     finally:
