@@ -128,28 +128,50 @@ def grouped_continuation_logprobs(model: nn.Module, groups: Sequence[Sequence[Re
     return _score(model, groups, inputs, shared)
 
 
+# Below this many tokens, a batch-wide common prefix is not run apart: the extra forward call
+# would cost about what it saves.
+_MIN_COMMON = 8
+
+
 def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[list[list[int]]],
            shared: list[int]) -> list[Tensor]:
-    """The two forward calls of :func:`grouped_continuation_logprobs`, and the picking."""
+    """The forward calls of :func:`grouped_continuation_logprobs`, and the picking.
+
+    Up to three calls, each filling the same KV cache: the tokens every question of the batch
+    starts with (``c``: K pinned demonstrations, an instruction), ``(1, c)``, when there are
+    at least ``_MIN_COMMON``; each question's own shared prefix, ``(G, max s_g − c)`` left-padded;
+    each request's rest, ``(R, max rest)`` right-padded. A row's padding may sit between real
+    tokens (after the common part); the attention mask hides it and positions count real tokens
+    only, so no row sees another's tokens or its own padding.
+    """
     device = next(model.parameters()).device
     owner = [g for g, rows in enumerate(inputs) for _ in rows]  # the group of each request
     flat = [x for rows in inputs for x in rows]  # (R,) inputs
     conts = [c for g in groups for _, c in g]
-    prefix = max(shared)
     rests = [len(x) - shared[g] for x, g in zip(flat, owner, strict=True)]
-    cache = model.new_cache(capacity=prefix + max(rests))
-    head = None  # (G, prefix, d_model): the prefixes' last states, left-padded
-    prefix_mask = torch.zeros(len(groups), prefix, dtype=torch.bool)  # built on the host
-    if prefix:
-        ids = torch.zeros(len(groups), prefix, dtype=torch.long)
+    common = len(os.path.commonprefix([rows[0][:s] for rows, s in zip(inputs, shared,
+                                                                      strict=True)]))
+    if len(groups) == 1 or common < _MIN_COMMON:
+        common = 0
+    own = max(shared) - common  # the widest question-specific prefix
+    cache = model.new_cache(capacity=max(shared) + max(rests))
+    first = None  # (1, common, d_model): the states of the batch's common tokens
+    if common:
+        first = model.features(torch.tensor([flat[0][:common]], device=device), cache=cache)
+        cache.reorder(torch.zeros(len(groups), dtype=torch.long, device=device))
+    head = None  # (G, own, d_model): each question's own prefix states, left-padded
+    prefix_mask = torch.ones(len(groups), common + own, dtype=torch.bool)  # built on the host
+    prefix_mask[:, common:] = False
+    if own:
+        ids = torch.zeros(len(groups), own, dtype=torch.long)
         for g, (rows, s) in enumerate(zip(inputs, shared, strict=True)):
-            if s:
-                ids[g, prefix - s:] = torch.tensor(rows[0][:s])
-                prefix_mask[g, prefix - s:] = True
+            if s > common:
+                ids[g, own - (s - common):] = torch.tensor(rows[0][common:s])
+                prefix_mask[g, common + own - (s - common):] = True
         padded = not bool(prefix_mask.all())
         head = model.features(ids.to(device), cache=cache,
                               attention_mask=prefix_mask.to(device) if padded else None)
-        # every request continues from its own copy of its group's keys and values
+    if common or own:  # every request continues from its own copy of its question's cache
         cache.reorder(torch.tensor(owner, device=device))
     tail = None  # (R, max rest, d_model): each request's states after its prefix
     if max(rests) > 0:
@@ -158,15 +180,17 @@ def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[l
         for r, (x, g) in enumerate(zip(flat, owner, strict=True)):
             ids[r, : rests[r]] = torch.tensor(x[shared[g]:])
             rest_mask[r, : rests[r]] = True
-        mask = torch.cat([prefix_mask[owner], rest_mask], 1)  # (R, prefix + max rest)
+        mask = torch.cat([prefix_mask[owner], rest_mask], 1)  # (R, common + own + max rest)
         tail = model.features(ids.to(device), cache=cache, attention_mask=mask.to(device))
     # the states that predict each c_r, (len(c_r), d_model) each, in order: only they go
     # through the vocabulary projection (of a 300-token prompt, a few positions are read)
     rows = []
     for r, (x, g, c) in enumerate(zip(flat, owner, conts, strict=True)):
-        start, s = len(x) - len(c), shared[g]  # the first input position whose logits are read
-        if start < s:  # in the prefix, which sits at the right end of its padded row
-            rows.append(head[g, prefix - s + start : prefix])
+        start, s = len(x) - len(c), shared[g]  # the first input position whose states are read
+        if start < common:  # in the common part
+            rows.append(first[0, start:common])
+        if start < s and s > common:  # in the question's own prefix, at the right of its row
+            rows.append(head[g, own - (s - max(start, common)) : own])
         if len(x) > s:
             rows.append(tail[r, max(start - s, 0) : rests[r]])
     targets = torch.tensor([t for c in conts for t in c], device=device)

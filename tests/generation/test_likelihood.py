@@ -124,6 +124,42 @@ def test_only_the_read_positions_go_through_the_vocabulary_projection(model):
     assert rows == [(3 + 1 + 2, model.config.d_model)]  # one per continuation token
 
 
+DEMOS = [3 + i % 40 for i in range(30)]  # 30 tokens every question starts with (pinned demonstrations)
+PINNED = [
+    [(DEMOS + [5, 17, 3], [9]), (DEMOS + [5, 17, 3], [11, 12, 13])],
+    [(DEMOS + [2], [7, 8]), (DEMOS + [2], [30])],
+    [(DEMOS + list(range(1, 9)), [21, 22]), (DEMOS + list(range(1, 9)), [23])],
+]
+
+
+def test_a_prefix_common_to_the_whole_batch_runs_once(model):
+    """K pinned demonstrations: the batch's common tokens run once, (1, 30), then each
+    question's own prefix (left-padded between the common part and its own tokens), then the
+    rests; every score is what the question gives alone."""
+    calls = []
+    hook = model.blocks.register_forward_hook(
+        lambda m, args, out: calls.append(tuple(args[0].shape[:2])))
+    try:
+        got = grouped_continuation_logprobs(model, PINNED)
+    finally:
+        hook.remove()
+    assert calls == [(1, 30), (3, 8), (6, 2)]
+    for scores, requests in zip(got, PINNED, strict=True):
+        want = torch.tensor([direct(model, x, c) for x, c in requests])
+        torch.testing.assert_close(scores.double(), want.double(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_continuation_read_from_the_common_part(model):
+    """Two questions with the same context: the first continuation token of every request is
+    predicted by the last common state."""
+    context = list(range(1, 13))
+    questions = [[(context, [5]), (context, [6, 7])], [(context, [8, 9]), (context, [10])]]
+    got = grouped_continuation_logprobs(model, questions)
+    for scores, requests in zip(got, questions, strict=True):
+        want = torch.tensor([direct(model, x, c) for x, c in requests])
+        torch.testing.assert_close(scores.double(), want.double(), atol=1e-5, rtol=1e-5)
+
+
 def test_several_questions_in_one_batch_score_as_each_alone(model):
     """Prefixes of different lengths are left-padded, rests right-padded: nothing changes."""
     calls = []
