@@ -113,10 +113,11 @@ def attnlab_choice(model: str, data: Path, pool: Path, shots: int, extra: list[s
 
 
 def lm_eval_choice(python: str, model: Path, data: Path, pool: Path, shots: int,
-                   batch: int) -> dict:
+                   batch: int, precision: str) -> dict:
     script = Path(__file__).with_name("lm_eval_choice.py")
     argv = [python, str(script), "--model", str(model), "--data", str(data), "--pool",
-            str(pool), "--shots", str(shots), "--batch", str(batch)]
+            str(pool), "--shots", str(shots), "--batch", str(batch),
+            "--dtype", {"fp32": "float32", "bf16": "bfloat16"}[precision]]
     print("$ " + shlex.join(argv), flush=True)
     done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           check=True)
@@ -159,6 +160,8 @@ def main() -> None:
                         "--batch_size requests (it merges a question's one-token choices into "
                         "one row)")
     p.add_argument("--skip-table", action="store_true", help="only the lm-eval comparison")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="of the comparison, both sides (lm-eval: its dtype)")
     args = p.parse_args()
     from attnlab import hardware
 
@@ -180,16 +183,17 @@ def main() -> None:
     if not args.lm_eval_python:
         return
     folder = smollm2_hf_folder(out)
-    print(f"\nbatch size {args.batch} on both sides, float32, model load excluded")
+    print(f"\nbatch size {args.batch} and {args.precision} on both sides, model load excluded")
     print("\n| task | k | attnlab acc / acc_norm | lm-eval acc / acc_norm | same decisions "
           "| largest log-likelihood difference | attnlab s | lm-eval s | speed-up |\n"
           "|---|---|---|---|---|---|---|---|---|")
     for name, (data, pool) in files.items():
         for k in (0, 5):
             ours = attnlab_choice(str(folder), data, pool, k,
-                                  ["--pool-order", "file", "--precision", "fp32",
+                                  ["--pool-order", "file", "--precision", args.precision,
                                    "--batch", str(args.batch)])
-            theirs = lm_eval_choice(args.lm_eval_python, folder, data, pool, k, args.batch)
+            theirs = lm_eval_choice(args.lm_eval_python, folder, data, pool, k, args.batch,
+                                    args.precision)
             same = sum(a == b for a, b in zip(ours["decisions"], _decisions(theirs), strict=True))
             same_norm = sum(a == b for a, b in zip(ours["decisions_norm"],
                                                   _decisions(theirs, ours["lengths"]), strict=True))

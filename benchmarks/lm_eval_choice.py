@@ -62,6 +62,7 @@ def main() -> None:
     p.add_argument("--shots", type=int, default=0)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = p.parse_args()
 
     import torch
@@ -75,7 +76,7 @@ def main() -> None:
     data, pool = Path(args.data).resolve(), Path(args.pool or args.data).resolve()
     task = TASK.format(data=data, pool=pool, description=DESCRIPTION)
     (folder / "attnlab_choice.yaml").write_text(task)
-    lm = HFLM(pretrained=args.model, dtype="float32", batch_size=args.batch, device="cpu")
+    lm = HFLM(pretrained=args.model, dtype=args.dtype, batch_size=args.batch, device="cpu")
     manager = TaskManager(include_path=str(folder))
     start = time.perf_counter()
     out = simple_evaluate(model=lm, tasks=["attnlab_choice"], num_fewshot=args.shots,

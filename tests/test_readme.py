@@ -18,6 +18,7 @@ import importlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,8 +99,13 @@ def provide(name: str, workdir: Path) -> str | None:
 
 
 def why_skip(argv: list[str], workdir: Path) -> str | None:
-    """The reason to skip a command: data this machine lacks, or a skipped command's output."""
+    """The reason to skip a command: data this machine lacks, or a skipped command's output.
+    Files of the checkout's ``examples/`` are copied to where the command runs."""
     for arg in argv:
+        if arg.startswith("examples/"):
+            assert (ROOT / arg).is_file(), f"the README names {arg}, which is not in the repo"
+            (workdir / "examples").mkdir(exist_ok=True)
+            shutil.copyfile(ROOT / arg, workdir / arg)
         if arg in DATA and (reason := provide(arg, workdir)):
             return reason
         for out, reason in SKIPPED.items():
