@@ -1,4 +1,5 @@
-"""attnlab.data: corpora, the synthetic numbers task, length filtering and token batching."""
+"""attnlab.data: corpora, the synthetic numbers task, length filtering and token batching
+(images for the ViT: :mod:`attnlab.data.images`)."""
 
 from attnlab.data.batching import TranslationBatches, make_batches
 from attnlab.data.lm import LMBatches, eval_windows
@@ -13,6 +14,7 @@ from attnlab.data.parallel import (
     read_text,
 )
 from attnlab.data.stream import (
+    ImageBatch,
     LabelledBatch,
     LMBatch,
     MaskedLMBatch,
@@ -24,4 +26,4 @@ from attnlab.tokenizers import pad
 __all__ = ["LMBatches", "eval_windows", "TranslationBatches", "make_batches", "pad", "english",
            "german", "numbers_corpus", "FilterReport", "filter_by_length", "read_lines",
            "read_parallel", "TranslationBatch", "LMBatch", "MaskedLMBatch", "LabelledBatch",
-           "to_device", "Corpus", "load_corpus", "read_text"]
+           "ImageBatch", "to_device", "Corpus", "load_corpus", "read_text"]

@@ -8,6 +8,8 @@ grayscale 8×8 images with pixel values 0..16 and labels 0..9. Pixels are scaled
 
 The splits are fixed by a seeded permutation: 20% test (only ever reported), and of the other
 80%, one in ten for validation (what early stopping looks at) and the rest for training.
+:class:`ImageBatches` is the training stream (seeded epochs, random crops); a split's
+:meth:`ImageSet.batches` are its fixed evaluation batches.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab.data.stream import ImageBatch, SeededBatches
 from attnlab.errors import BadInput, MissingDependency, MissingFile
 
 DIGITS = "digits"
@@ -34,6 +37,11 @@ class ImageSet:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def batches(self, size: int) -> list[ImageBatch]:
+        """The whole set in its order, ``size`` images a batch (an evaluation pass)."""
+        return [ImageBatch(self.images[i : i + size], self.labels[i : i + size])
+                for i in range(0, len(self), size)]
 
 
 @dataclass
@@ -83,6 +91,32 @@ def random_crop(images: Tensor, pad: int, generator: torch.Generator | None = No
     return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
 
 
+class ImageBatches(SeededBatches):
+    """Endless training batches of ``batch_size`` images, each shifted by :func:`random_crop`
+    (``pad`` pixels at most). Epoch e is a permutation seeded by ``(seed, e)`` cut into
+    ``len(data) // batch_size`` batches (the few images left over differ from epoch to epoch),
+    and batch n's crops are seeded by ``(seed, n)``: batch n is known from n alone, so a
+    resumed run sees the same batches."""
+
+    def __init__(self, data: ImageSet, batch_size: int, seed: int = 0, pad: int = 0):
+        if batch_size < 1 or pad < 0:
+            raise BadInput(f"the batch size must be >= 1 and the crop padding >= 0, got "
+                           f"batch size {batch_size}, padding {pad}")
+        self.data, self.batch_size, self.seed, self.pad = data, batch_size, seed, pad
+        self.per_epoch = max(1, len(data) // batch_size)
+
+    def batch(self, n: int) -> ImageBatch:
+        """The global batch number ``n``, this rank's rows of it."""
+        epoch, k = divmod(n, self.per_epoch)
+        order = torch.randperm(len(self.data), generator=torch.Generator().manual_seed(
+            2 * (self.seed * 1_000_003 + epoch)))
+        chosen = order[k * self.batch_size : (k + 1) * self.batch_size]
+        crops = torch.Generator().manual_seed(2 * (self.seed * 1_000_003 + n) + 1)
+        images = random_crop(self.data.images[chosen], self.pad, crops)  # the global batch
+        return ImageBatch(images[self.rank :: self.world],
+                          self.data.labels[chosen][self.rank :: self.world])
+
+
 def read_image(spec: str | os.PathLike, channels: int, size: int) -> tuple[Tensor, str]:
     """One image ``(1, channels, size, size)`` in [0, 1] and a name for it.
 
@@ -121,9 +155,10 @@ def read_image(spec: str | os.PathLike, channels: int, size: int) -> tuple[Tenso
             raise BadInput(f"{path}: not a readable image ({e})") from None
         if image.dim() == 3:  # (h, w, c) -> (c, h, w)
             image = image.permute(2, 0, 1)
+    given = tuple(image.shape)
     if image.dim() == 2 and channels == 1:
         image = image.unsqueeze(0)
     if tuple(image.shape) != (channels, size, size):
-        raise BadInput(f"{path}: image of shape {tuple(image.shape)}, but the model reads "
+        raise BadInput(f"{path}: image of shape {given}, but the model reads "
                        f"({channels}, {size}, {size}) (channels, height, width)")
     return image.unsqueeze(0), str(path)

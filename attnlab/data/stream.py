@@ -8,7 +8,9 @@ never by position:
 * :class:`LMBatch` ``(inputs, targets)``: a window of text and the same window shifted by one;
 * :class:`MaskedLMBatch` ``(ids, token_type_ids, attention_mask, labels, nsp)``: labels are
   -100 except at the selected positions; ``nsp`` is 0 when B follows A, 1 when not;
-* :class:`LabelledBatch` ``(ids, token_type_ids, attention_mask, labels)``: one label a row.
+* :class:`LabelledBatch` ``(ids, token_type_ids, attention_mask, labels)``: one label a row;
+* :class:`ImageBatch` ``(images, labels)``: images ``(batch, channels, height, width)`` in
+  [0, 1], one label an image.
 
 A stream is endless and *indexed*: batch n is a pure function of ``(seed, n)``, so the trainer
 can checkpoint the stream as one integer and any rank can compute its rows of any batch. A
@@ -46,6 +48,11 @@ class LabelledBatch(NamedTuple):
     ids: Tensor  # (batch, seq)
     token_type_ids: Tensor  # (batch, seq)
     attention_mask: Tensor  # (batch, seq), 1 at real tokens
+    labels: Tensor  # (batch,)
+
+
+class ImageBatch(NamedTuple):
+    images: Tensor  # (batch, channels, height, width), values in [0, 1]
     labels: Tensor  # (batch,)
 
 

@@ -10,7 +10,9 @@ model its own way (a classifier starts from a pretrained encoder) and add result
 * :class:`TranslationRecipe`: an encoder–decoder, the paper's recipe (``train translate``);
 * :class:`LMRecipe`: a decoder-only language model on a text file (``train lm``);
 * :class:`MLMRecipe`: BERT masked-LM (and NSP) pretraining (``train mlm``);
-* :class:`ClassifyRecipe`: fine-tuning a [CLS] classifier (``train classify``).
+* :class:`ClassifyRecipe`: fine-tuning a [CLS] classifier (``train classify``);
+* :class:`~attnlab.training.image.ImageRecipe`: a ViT on images (``train image``; its own
+  module).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Prepared:
     config: ModelConfig  # the model config, completed from the data (vocabulary, ids, ...)
     tokenizers: dict[str, Tokenizer]
     batches: Any  # the endless training stream
-    task: Any  # Seq2Seq, CausalLM, MaskedLM or Classify
+    task: Any  # a task of attnlab.training.tasks (Seq2Seq, CausalLM, ...)
     summary: str  # one line about the data, printed before training
     val_batches: list | None = None
     state: dict[str, Any] = field(default_factory=dict)  # what finish() needs later
@@ -336,20 +338,28 @@ class ClassifyRecipe(Recipe):
 
     def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
                rank: int) -> dict[str, float]:
-        from attnlab.training.tasks import classification_metrics
+        return finish_classifier(model, prepared, out_dir, rank)
 
-        if (out_dir / "best").exists():
-            load_weights(model, out_dir / "best")
-        device, n = next(model.parameters()).device, model.config.num_labels
-        results = {f"val_{k}": v for k, v in classification_metrics(
-            model, prepared.val_batches, device, n).items()}
-        results.update({f"test_{k}": v for k, v in classification_metrics(
-            model, prepared.state["test"], device, n).items()})
-        if rank == 0:
-            save_model_dir(out_dir / "final", model, model.config,
-                           {k: t.to_dict() for k, t in prepared.tokenizers.items()},
-                           step=prepared.state["step"])
-        return results
+
+def finish_classifier(model: nn.Module, prepared: Prepared, out_dir: Path,
+                      rank: int) -> dict[str, float]:
+    """A classifier's end of training (text or images): the best model (``best/``, when early
+    stopping kept one) scored on the validation and test (``state["test"]``) batches, and
+    written to ``final/``."""
+    from attnlab.training.tasks import classification_metrics
+
+    if (out_dir / "best").exists():
+        load_weights(model, out_dir / "best")
+    device, n = next(model.parameters()).device, model.config.num_labels
+    results = {}
+    for split, batches in (("val", prepared.val_batches), ("test", prepared.state["test"])):
+        results.update({f"{split}_{k}": v for k, v in classification_metrics(
+            model, batches, device, n, prepared.task).items()})
+    if rank == 0:
+        save_model_dir(out_dir / "final", model, model.config,
+                       {k: t.to_dict() for k, t in prepared.tokenizers.items()},
+                       step=prepared.state["step"])
+    return results
 
 
 # --- the same recipes as plain functions ---------------------------------------------------
@@ -394,5 +404,5 @@ def train_classify(data: str | Path, text_field: str, label_field: str, init: st
 
 
 __all__ = ["Recipe", "Prepared", "TrainedRun", "run", "TranslationRecipe", "LMRecipe",
-           "MLMRecipe", "ClassifyRecipe", "train_translation", "train_lm", "train_mlm",
-           "train_classify"]
+           "MLMRecipe", "ClassifyRecipe", "finish_classifier", "train_translation", "train_lm",
+           "train_mlm", "train_classify"]

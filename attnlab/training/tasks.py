@@ -9,7 +9,11 @@ how a batch is fed to the model:
   shifted by one);
 * :class:`MaskedLM` — a :class:`MaskedLMBatch`: BERT predicts the selected positions
   (``labels != -100``), plus next-sentence prediction when the model has that head;
-* :class:`Classify` — a :class:`LabelledBatch`: one label per sequence.
+* :class:`Classify` — a :class:`LabelledBatch`: one label per sequence;
+* :class:`ImageClassify` — an :class:`ImageBatch`: one label per image (the ViT).
+
+The two classifying tasks also give their ``logits(model, batch)``: the trainer reports (and
+may stop on) their validation accuracy, and :func:`classification_metrics` scores them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from torch import nn
 
 from attnlab import hardware
 from attnlab.data.stream import (
+    ImageBatch,
     LabelledBatch,
     LMBatch,
     MaskedLMBatch,
@@ -88,24 +93,39 @@ class Classify(_EncoderInputs):
     def __init__(self, label_smoothing: float = 0.0):
         self.epsilon = label_smoothing
 
-    def target_tokens(self, batch: LabelledBatch) -> int:
+    def target_tokens(self, batch: LabelledBatch | ImageBatch) -> int:
         return batch.labels.numel()
 
-    def loss(self, model: nn.Module, batch: LabelledBatch) -> LossSums:
-        logits = model(batch.ids, batch.token_type_ids, batch.attention_mask)
-        return label_smoothed_loss(logits, batch.labels, self.epsilon, None)
+    def logits(self, model: nn.Module, batch: LabelledBatch) -> torch.Tensor:
+        """``(batch, num_labels)``."""
+        return model(batch.ids, batch.token_type_ids, batch.attention_mask)
+
+    def loss(self, model: nn.Module, batch: LabelledBatch | ImageBatch) -> LossSums:
+        return label_smoothed_loss(self.logits(model, batch), batch.labels, self.epsilon, None)
+
+
+class ImageClassify(Classify):
+    """The same loss, one label per image: ``model(images)``; no input tokens are counted."""
+
+    def source_tokens(self, batch: ImageBatch) -> int:
+        return 0
+
+    def logits(self, model: nn.Module, batch: ImageBatch) -> torch.Tensor:
+        return model(batch.images)
 
 
 @torch.no_grad()
-def classification_metrics(model: nn.Module, batches, device: torch.device,
-                           num_labels: int) -> dict[str, float]:
-    """Accuracy and macro-F1 (the unweighted mean over classes of 2·P·R / (P + R))."""
+def classification_metrics(model: nn.Module, batches, device: torch.device, num_labels: int,
+                           task: Classify | None = None) -> dict[str, float]:
+    """Accuracy and macro-F1 (the unweighted mean over classes of 2·P·R / (P + R)) of
+    ``task``'s predictions (by default :class:`Classify`'s, of text)."""
+    task = task or Classify()
     was_training = model.training
     model.eval()
     confusion = torch.zeros(num_labels, num_labels, dtype=torch.long)  # [true, predicted]
     for b in batches:
         b = to_device(b, device)
-        pred = model(b.ids, b.token_type_ids, b.attention_mask).argmax(-1).cpu()
+        pred = task.logits(model, b).argmax(-1).cpu()
         confusion += torch.bincount(b.labels.cpu() * num_labels + pred,
                                     minlength=num_labels**2).view(num_labels, num_labels)
     model.train(was_training)

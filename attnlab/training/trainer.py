@@ -9,6 +9,10 @@ Each optimizer step:
 3. clip the global gradient norm, set the scheduled learning rate, Adam step;
 4. stop at once, keeping the last good checkpoint, if the loss is NaN or inf.
 
+Every ``eval_every`` steps a validation pass gives the loss (and, for a task that classifies,
+the accuracy); training stops early after ``patience`` passes without a better loss, or at the
+first pass whose accuracy reaches ``stop_at_accuracy``, or when ``time_budget`` is spent.
+
 Checkpoints hold everything a resumed run needs to continue *exactly*: weights, optimizer
 moments, RNG states, data position and step.
 """
@@ -38,7 +42,7 @@ from attnlab.training import distributed
 from attnlab.training.checkpoint import load_trainer_state, save_checkpoint
 from attnlab.training.guard import StopSignals
 from attnlab.training.schedule import NoamSchedule, schedule_from_dict, schedule_to_dict
-from attnlab.training.tasks import evaluate
+from attnlab.training.tasks import classification_metrics, evaluate
 
 
 class TrainingDiverged(AttnlabError, RuntimeError):
@@ -69,6 +73,9 @@ class TrainConfig:
     eval_every: int = 0  # steps between validation passes (0: never)
     patience: int = 0  # stop after this many validation passes without a better loss (0: never)
     time_budget: float | None = None  # seconds of training, then stop cleanly
+    # stop at the first validation pass this accurate (a task that classifies); with early
+    # stopping on, that model is the one kept in best/
+    stop_at_accuracy: float | None = None
     progress: bool = True
 
     @property
@@ -82,6 +89,8 @@ class TrainConfig:
                                   label_smoothing=0.0, clip_norm=0.0, eps=0.0))
         if self.time_budget is not None and not self.time_budget > 0:
             raise BadInput(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
+        if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
+            raise BadInput(f"stop_at_accuracy must be in (0, 1], got {self.stop_at_accuracy!r}")
         if not self.label_smoothing < 1:
             raise BadInput(f"label_smoothing must be < 1, got {self.label_smoothing!r}")
         hardware.precision_name(self.precision)  # an unknown name is a named error here
@@ -155,7 +164,8 @@ class Trainer:
     """Trains ``model`` on ``batches`` (e.g. :class:`TranslationBatches`, :class:`LMBatches`);
     ``task`` (:mod:`attnlab.training.tasks`) says how a batch becomes a loss. Each validation
     pass (``val_batches``, every ``eval_every`` steps) is one line through ``log`` on rank 0,
-    above the progress bar: ``step 250: val loss 2.5712 (best 2.5712)``."""
+    above the progress bar: ``step 250: val loss 2.5712 (best 2.5712)``, and for a task that
+    classifies (one with ``logits``) ``, accuracy 0.9653``."""
 
     def __init__(self, model: nn.Module, batches, config: TrainConfig, out_dir: str | Path,
                  tokenizers: dict[str, dict], model_config, task, val_batches=None, log=print):
@@ -170,6 +180,11 @@ class Trainer:
         self.schedule = schedule_from_dict(config.schedule)
         self.optimizer = build_optimizer(model, config, self.schedule(1))
         self.task, self.val_batches = task, val_batches
+        self.classifies = hasattr(task, "logits")
+        if config.stop_at_accuracy is not None and not (
+                self.classifies and val_batches and config.eval_every):
+            raise BadInput("stop_at_accuracy needs a task that classifies, validation data and "
+                           "eval_every > 0")
         self.device = next(model.parameters()).device
         self.precision = hardware.pick_precision(config.precision, self.device)
         self.scaler = hardware.grad_scaler(self.device, self.precision)  # fp16 only
@@ -300,16 +315,40 @@ class Trainer:
             self.evals_since_best += 1
         return bool(self.cfg.patience) and self.evals_since_best >= self.cfg.patience
 
-    def _validate(self, bar) -> float:
+    def _validate(self, bar) -> dict[str, float]:
         """One validation pass, said on rank 0 with the best loss so far, above the progress
-        bar (a plain line when the bar is off). Returns the loss (for :meth:`_track_best`)."""
-        val_loss = evaluate(self.model, self.task, self.val_batches, self.device,
-                            self.precision)
+        bar (a plain line when the bar is off). Returns ``val_loss`` (for
+        :meth:`_track_best`) and, for a task that classifies, ``val_accuracy``."""
+        found = {"val_loss": evaluate(self.model, self.task, self.val_batches, self.device,
+                                      self.precision)}
+        line = (f"step {self.step}: val loss {found['val_loss']:.4f} "
+                f"(best {min(found['val_loss'], self.best_val):.4f})")
+        if self.classifies:
+            with hardware.autocast(self.device, self.precision):
+                found["val_accuracy"] = classification_metrics(
+                    self.model, self.val_batches, self.device, self.model_config.num_labels,
+                    self.task)["accuracy"]
+            line += f", accuracy {found['val_accuracy']:.4f}"
         if self.is_main:
             with bar.external_write_mode():  # clears the bar, then draws it again below
-                self.log(f"step {self.step}: val loss {val_loss:.4f} "
-                         f"(best {min(val_loss, self.best_val):.4f})")
-        return val_loss
+                self.log(line)
+        return found
+
+    def _reached(self, found: dict[str, float], bar) -> bool:
+        """Whether this validation pass met ``stop_at_accuracy``; if so, on rank 0, that is
+        said and, with early stopping on, this model becomes ``best/`` (the one the criterion
+        picked, whatever its loss)."""
+        target = self.cfg.stop_at_accuracy
+        if target is None or found["val_accuracy"] < target:
+            return False
+        if self.is_main:
+            if self.cfg.patience and self.evals_since_best:  # (else _track_best just saved it)
+                save_model_dir(self.out_dir / "best", self.model, self.model_config,
+                               self.tokenizers, step=self.step)
+            with bar.external_write_mode():
+                self.log(f"step {self.step}: validation accuracy {found['val_accuracy']:.4f} "
+                         f">= {target}: stopping")
+        return True
 
     # --- the loop ------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
@@ -341,8 +380,10 @@ class Trainer:
                     row.update(step=self.step, time=elapsed, tokens_per_s=tokens / elapsed)
                     if self.val_batches and self.cfg.eval_every and (
                             self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
-                        row["val_loss"] = self._validate(bar)
+                        found = self._validate(bar)
+                        row.update(found)
                         stop_early = self._track_best(row["val_loss"])
+                        stop_early = self._reached(found, bar) or stop_early
                     else:
                         stop_early = False
                     history.append(row)

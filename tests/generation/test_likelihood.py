@@ -124,7 +124,8 @@ def test_only_the_read_positions_go_through_the_vocabulary_projection(model):
     assert rows == [(3 + 1 + 2, model.config.d_model)]  # one per continuation token
 
 
-DEMOS = [3 + i % 40 for i in range(30)]  # 30 tokens every question starts with (pinned demonstrations)
+# 30 tokens every question starts with (pinned demonstrations)
+DEMOS = [3 + i % 40 for i in range(30)]
 PINNED = [
     [(DEMOS + [5, 17, 3], [9]), (DEMOS + [5, 17, 3], [11, 12, 13])],
     [(DEMOS + [2], [7, 8]), (DEMOS + [2], [30])],
