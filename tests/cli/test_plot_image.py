@@ -72,7 +72,7 @@ def test_wrong_image_shape_is_refused(capsys, tmp_path, vit_folder, command):
     out = ["--out", tmp_path / "x.png"] if command[0] == "plot" else []
     r = cli(capsys, *command, "--model", vit_folder, "--image", bad, *out)
     line = assert_bad_input(r, str(bad), "(1, 8, 8)")
-    assert "(1, 5, 5)" in line and not (tmp_path / "x.png").exists()
+    assert "(5, 5)" in line and not (tmp_path / "x.png").exists()
 
 
 @pytest.mark.parametrize("command", [["plot", "attention"], ["explain"]])
