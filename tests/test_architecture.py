@@ -20,7 +20,7 @@ LAYERS = [
     {"hardware", "config", "params"},
     {"nn", "tokenizers"},
     {"models"},
-    {"interop", "storage", "build"},
+    {"interop", "storage", "build", "compression"},
     {"data", "generation", "encoding", "viz", "explain", "training", "metrics", "fewshot"},
     {"demo"},
     {"cli"},

@@ -6,7 +6,8 @@
 * ``evaluate choice``: a language model on multiple-choice questions (a JSON-lines file),
   zero- or few-shot, scored as EleutherAI's lm-evaluation-harness scores them: the
   log-likelihood of each choice after the prompt, ``acc`` and ``acc_norm``
-  (:mod:`attnlab.fewshot`, :mod:`attnlab.generation.likelihood`).
+  (:mod:`attnlab.fewshot`, :mod:`attnlab.generation.likelihood`);
+* ``evaluate lm``: a language model's perplexity on a text file, read through a sliding window.
 
 The flat form of an earlier release, ``attnlab evaluate --model M --src S --ref R``, still runs
 ``evaluate translate``, after a one-line deprecation note (``cli.LEGACY``).
@@ -170,6 +171,55 @@ def _requests(args: argparse.Namespace, loaded: Loaded, examples: list[Example],
     return requests
 
 
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: a directory, not a text file") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+def cmd_evaluate_lm(args: argparse.Namespace) -> None:
+    import math
+
+    from attnlab import hardware
+    from attnlab.generation.likelihood import rolling_nll, windows
+
+    text = _read_text(args.text)
+    loaded, device, precision = _decoder(args)
+    window = loaded.config.context
+    block = args.block or min(window or 1024, 1024)
+    if window is not None and block > window:
+        raise UsageError(f"--block {block} exceeds the model's context of {window} tokens")
+    stride = args.stride or max(block // 2, 1)
+    if block < 2 or not 1 <= stride < block:
+        raise UsageError(f"need --block >= 2 and 1 <= --stride < --block, got --block {block}"
+                         f" --stride {stride}")
+    if args.batch < 1:
+        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    tok = loaded.tokenizer
+    warn_unknown(tok, [text], args.text)
+    ids = tok.encode(text, add_bos=args.bos)
+    if len(ids) < 2:
+        raise UsageError(f"{args.text}: {len(ids)} token(s); perplexity needs at least 2")
+    announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
+    precise = contextlib.nullcontext() if args.int4 else hardware.autocast(device, precision)
+    start = time.perf_counter()
+    with precise:
+        nll, n = rolling_nll(loaded.model, ids, block, stride, args.batch)
+    seconds = time.perf_counter() - start
+    print(f"{args.text}: {len(text):,} characters, {len(ids):,} tokens"
+          f"{' (BOS first)' if args.bos else ''}; {len(windows(len(ids), block, stride))} "
+          f"windows of at most {block} tokens every {stride}")
+    print(f"scored {n:,} tokens in {seconds:.1f} s ({n / max(seconds, 1e-9):,.0f} tokens/s)")
+    print(f"negative log-likelihood: {nll / n:.4f} nats/token, "
+          f"{nll / math.log(2) / len(text.encode()):.4f} bits/byte")
+    print(f"perplexity: {math.exp(nll / n):.4f}")
+
+
 def cmd_evaluate_choice(args: argparse.Namespace) -> None:
     from attnlab import fewshot, hardware
     from attnlab.generation.likelihood import grouped_continuation_logprobs
@@ -311,3 +361,29 @@ def add_commands(sub) -> None:
                          "choices' lengths in characters")
     add_runtime_args(ch)
     ch.set_defaults(func=cmd_evaluate_choice)
+
+    lm = kinds.add_parser(
+        "lm", help="a language model's perplexity on a text file",
+        description="Perplexity, exp of the mean negative log-likelihood per token, of a whole "
+                    "text file under a language model. A long text is read through a sliding "
+                    "window: windows of --block tokens every --stride tokens, each scoring only "
+                    "the tokens the ones before left unscored, so every token but the first is "
+                    "scored once, with at least block - stride tokens of context after the "
+                    "first window (Hugging Face's strided perplexity). The last line is "
+                    "'perplexity: <value>'.")
+    add_model_arg(lm, "a language model: a run or checkpoint folder, an HF folder, a .gguf "
+                      "file, or smollm2")
+    lm.add_argument("--text", required=True, metavar="FILE", help="UTF-8 text, read whole")
+    lm.add_argument("--block", type=int, metavar="N",
+                    help="tokens per window (default: the model's context, at most 1024)")
+    lm.add_argument("--stride", type=int, metavar="S",
+                    help="tokens between window starts, fewer than --block (default: half the "
+                         "block)")
+    lm.add_argument("--batch", type=int, default=1, help="windows per forward pass")
+    lm.add_argument("--bos", action="store_true",
+                    help="put the BOS token first, so that the text's first token is scored "
+                         "too (as tokenizers that add BOS, Llama's, encode)")
+    lm.add_argument("--int4", action="store_true",
+                    help="4-bit weights, bf16 activations, on the CPU (as generate --int4)")
+    add_runtime_args(lm)
+    lm.set_defaults(func=cmd_evaluate_lm)

@@ -6,6 +6,8 @@ Two entry points:
 
 * :func:`token_logprobs`: every token of a batch of sequences given the tokens before it (the
   per-token terms of perplexity);
+* :func:`rolling_nll`: the summed negative log-likelihood of one long text, read through a
+  sliding window (perplexity, ``exp(nll / n)``);
 * :func:`continuation_logprobs`: the summed log-likelihood of each of several continuations
   (multiple-choice scoring: one context, a continuation per choice). The tokens all of them
   share are run once, with a KV cache; the cache is then copied to one row per choice and every
@@ -203,4 +205,67 @@ def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[l
     return list(sums.split([len(g) for g in groups]))
 
 
-__all__ = ["token_logprobs", "continuation_logprobs", "grouped_continuation_logprobs"]
+def windows(n_tokens: int, block: int, stride: int) -> list[tuple[int, int, int]]:
+    """The sliding windows over ``n_tokens`` tokens: ``(begin, end, first)`` each, the window
+    being tokens ``begin … end − 1`` and the tokens it scores ``first … end − 1``.
+
+    Windows start every ``stride`` tokens and hold at most ``block``; each scores only what
+    the ones before left unscored, so every token but the first is scored exactly once, with
+    at least ``block − stride ≥ 1`` tokens of context once the first window has passed (the
+    strided evaluation of Hugging Face's perplexity guide). The last window ends the text.
+    """
+    if block < 2 or not 1 <= stride < block:  # a window needs a token of context to score
+        raise BadInput(f"sliding window: need block >= 2 and 1 <= stride < block, got "
+                       f"block={block}, stride={stride}")
+    spans, done = [], 1  # token 0 has no context: never scored
+    for begin in range(0, max(n_tokens - 1, 1), stride):
+        end = min(begin + block, n_tokens)
+        if end > done:
+            spans.append((begin, end, done))
+            done = end
+        if end == n_tokens:
+            break
+    return spans
+
+
+@torch.no_grad()
+def rolling_nll(model: nn.Module, ids: Sequence[int] | Tensor, block: int, stride: int,
+                batch: int = 1) -> tuple[float, int]:
+    """``(Σ −log p(x_t | x_{begin(t)} … x_{t−1}), n)`` over every token ``t ≥ 1`` of one text
+    ``ids (n_tokens,)``, read through the sliding :func:`windows`; perplexity is
+    ``exp(nll / n)``, with ``n = n_tokens − 1``.
+
+    Windows of equal length run ``batch`` at a time as one ``(batch, block)`` forward pass, and
+    only the positions that predict a scored token go through the vocabulary projection. The
+    sum is accumulated in float64 (a long text adds up tens of thousands of terms).
+    """
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    if ids.numel() < 2:
+        raise BadInput(f"perplexity needs a text of at least 2 tokens, got {ids.numel()}")
+    if batch < 1:
+        raise BadInput(f"batch must be >= 1, got {batch}")
+    model.eval()
+    device = next(model.parameters()).device
+    spans = windows(ids.numel(), block, stride)
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    i = 0
+    while i < len(spans):  # consecutive windows of the same length share a forward pass
+        j = i + 1
+        while (j < len(spans) and j - i < batch
+               and spans[j][1] - spans[j][0] == spans[i][1] - spans[i][0]):
+            j += 1
+        group = spans[i:j]
+        x = torch.stack([ids[b:e] for b, e, _ in group]).to(device)  # (g, length)
+        states = model.features(x)
+        # position p predicts token p + 1: a window's scored tokens first … end − 1 are
+        # predicted by its positions first − begin − 1 … end − begin − 2
+        picked = torch.cat([states[k, f - b - 1 : e - b - 1] for k, (b, e, f) in enumerate(group)])
+        targets = torch.cat([ids[f:e] for _, e, f in group]).to(device)
+        total -= _picked(model.lm_head(picked), targets).double().sum().cpu()
+        count += targets.numel()
+        i = j
+    return float(total), count
+
+
+__all__ = ["token_logprobs", "continuation_logprobs", "grouped_continuation_logprobs",
+           "rolling_nll", "windows"]

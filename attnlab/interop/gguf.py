@@ -164,7 +164,7 @@ def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 def load_gguf(path: str | os.PathLike, quantized: bool = False):
     """``(model, tokenizer)`` from a Llama GGUF file: weights dequantised to float32, or with
     ``quantized`` the Q4_1 matrices kept as 4-bit :class:`Int4Linear` layers and the rest in
-    bfloat16 (a file without Q4_1 matrices has its weights quantised by ``quantize_int4``)."""
+    bfloat16 (a file without Q4_1 matrices has its weights quantised by ``quantize``)."""
     path = Path(path)
     gguf, reader = _reader(path)
     config = gguf_config(reader, path)
@@ -199,14 +199,14 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
         model = _with_int4(model, int4)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings)
-               and not m.endswith((".codes", ".scale_and_zero"))]
+               and not m.endswith((".qweight", ".scales", ".zeros"))]  # Int4Linear's, set
     if missing or unexpected:
         raise BadInput(f"{path}: tensors do not fit a Llama model (missing {missing[:3]}, "
                        f"unexpected {unexpected[:3]})")
     if quantized and not int4:  # no Q4_1 matrices in the file: quantise its float weights
-        from attnlab.nn.quantized import quantize_int4
+        from attnlab.nn.quantized import quantize
 
-        model = quantize_int4(model)
+        quantize(model, bits=4)
     return model.eval(), gguf_tokenizer(reader, config, path)
 
 

@@ -1,16 +1,36 @@
-"""4-bit weight-only linear layers: decoding reads 4.5 bits per weight instead of 32.
+"""Integer weight-only linear layers: a matrix read at 8, 4 or 2 bits per weight instead of 32.
 
 Generating one token reads every weight matrix once, so on a CPU a small model's decoding
-speed is set by how many bytes the weights take. A group-wise 4-bit code stores each row of
-``W (out, in)`` in groups of ``g`` consecutive inputs, with a scale ``s`` and a minimum ``m``
-per group (llama.cpp's Q4_1 with g = 32):
+speed is set by how many bytes its weights take. Two codes, both ``y = x · Ŵᵀ (+ b)`` with the
+dequantised ``Ŵ`` never materialised:
 
-    W[o, i] = s[o, i // g] · c[o, i] + m[o, i // g],     c ∈ {0, …, 15}
+* **int8, per output channel** (symmetric, no zero point)::
 
-and ``y = x · Wᵀ`` runs in PyTorch's int4 CPU kernel, which unpacks each group on the fly. The
-kernel takes bfloat16 activations (it is slow in float32), so the scales and minima are stored
-in bfloat16 and the layer computes in bfloat16 whatever its input: a 4-bit model runs with
-bf16 activations. The packed kernel is PyTorch's CPU one, so the layer runs on the CPU.
+      Ŵ[o, i] = s[o] · q[o, i],   q ∈ {−127, …, 127},   s[o] = max_i |W[o, i]| / 127
+
+  so ``|W − Ŵ| ≤ s[o] / 2``. It runs in bfloat16: PyTorch's ``_weight_int8pack_mm`` for a few
+  rows (decoding), a bf16 GEMM on ``Ŵ`` for many; or, with ``activations="dynamic"``, in
+  float32 through the quantised-engine GEMM
+  ``quantized::linear_dynamic`` (fbgemm or oneDNN on x86, QNNPACK on ARM): each call
+  quantises ``x`` to 8 bits with its own range and multiplies int8 by int8, which is where
+  VNNI/AMX CPUs are fast.
+* **int4 and int2, group-wise** over ``g`` consecutive inputs of a row (llama.cpp's Q4_1 at
+  4 bits and g = 32)::
+
+      Ŵ[o, i] = s[o, i // g] · (c[o, i] − 8) + z[o, i // g],   c ∈ {0, …, 2^bits − 1}
+
+  with ``s = (max − min) / (2^bits − 1)`` and ``z = min + 8·s`` (the value of code 8) per
+  group, both kept in bfloat16, so ``|W − Ŵ| ≤ s / 2`` plus their bf16 rounding,
+  ``2⁻⁸ · (|z| + 8·s)``. It runs in PyTorch's int4 CPU kernel, which unpacks each group on
+  the fly and computes in bfloat16 (it is slow in float32): a 4- or 2-bit model runs with
+  bf16 activations. PyTorch has no 2-bit kernel: 2-bit codes are stored at 2 bits on disk
+  and run through the 4-bit one (4 bits in memory), the same speed as int4.
+
+The kernels are PyTorch's CPU ones, so the layers run on the CPU and say so otherwise. On
+disk (``state_dict``) a layer is portable: ``qweight`` (int8 ``(out, in)``, or uint8 codes
+packed little-end first, ``8 / bits`` a byte, ``(out, in · bits / 8)``), ``scales`` and, for
+the group-wise codes, ``zeros``; the int4 kernel's own packing, which depends on the CPU, is
+made when the weights are loaded.
 """
 
 from __future__ import annotations
@@ -20,80 +40,254 @@ from torch import Tensor, nn
 
 from attnlab.errors import BadInput
 
-_COMPUTE = torch.bfloat16
+_COMPUTE = torch.bfloat16  # the kernels' activations (and the int4 kernel's scales and zeros)
+# Up to this many rows (tokens) the weight-only int8 kernel runs; it reads the int8 matrix and
+# beats bf16 3.5x on one row, but falls 3x behind a bf16 GEMM on 4096 (MiniLM's batch of 32)
+_KERNEL_ROWS = 32
+BITS = (8, 4, 2)
+
+
+def _on_cpu(layer: nn.Module, x: Tensor) -> None:
+    if x.device.type != "cpu":
+        raise BadInput(f"{type(layer).__name__}: integer weights run on the CPU (the kernels are "
+                       f"PyTorch's CPU ones), not on {x.device}: use --device cpu")
+
+
+class _FixedDtypes(nn.Module):
+    """A layer whose float tensors keep the dtypes its kernel reads (``_DTYPES``) when the
+    model around it is cast (``model.to(torch.float32)``); moves between devices still apply."""
+
+    _DTYPES: dict[str, torch.dtype] = {}
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        for name, dtype in self._DTYPES.items():
+            t = getattr(self, name, None)
+            if t is not None and t.dtype != dtype:
+                t.data = t.data.to(dtype)
+        return self
+
+
+class Int8Linear(_FixedDtypes):
+    """``y = x · Ŵᵀ (+ b)``, ``Ŵ[o, i] = s[o] · q[o, i]`` (module docstring); shapes
+    ``x (..., in_features) -> (..., out_features)``, returned in ``x``'s dtype.
+
+    ``activations``: ``"float"`` (weight-only, computed in bfloat16) or ``"dynamic"`` (``x``
+    quantised per call, an int8 × int8 GEMM, float32 out).
+    """
+
+    _DTYPES = {"scales": torch.float32, "bias": torch.float32}
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 activations: str = "float", device: torch.device | str | None = None):
+        super().__init__()
+        if activations not in ("float", "dynamic"):
+            raise BadInput(f"activations must be 'float' or 'dynamic', got {activations!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.activations = activations
+        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8,
+                                                    device=device))
+        self.register_buffer("scales", torch.ones(out_features, device=device))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device)) if bias else None
+        self._packed = None  # the quantised engine's prepacked weight, made on first use
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, activations: str = "float") -> Int8Linear:
+        w = linear.weight.detach().float()
+        layer = cls(w.shape[1], w.shape[0], linear.bias is not None, activations, w.device)
+        scale = (w.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        layer.qweight = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        layer.scales = scale
+        if linear.bias is not None:
+            layer.bias.data = linear.bias.detach().float().clone()
+        return layer
+
+    @property
+    def weight(self) -> Tensor:
+        """The dequantised ``Ŵ (out, in)`` in float32."""
+        return self.qweight.float() * self.scales[:, None]
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._packed = None  # new weights: pack them again
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _prepacked(self):
+        if self._packed is None:
+            q = torch._make_per_channel_quantized_tensor(
+                self.qweight, self.scales.double(), torch.zeros(self.out_features,
+                                                                dtype=torch.long), 0)
+            bias = None if self.bias is None else self.bias.detach().float()
+            self._packed = torch.ops.quantized.linear_prepack(q, bias)
+        return self._packed
+
+    def forward(self, x: Tensor) -> Tensor:
+        _on_cpu(self, x)
+        shape, dtype = x.shape, x.dtype
+        x = x.reshape(-1, self.in_features)
+        if self.activations == "dynamic":  # the bias is inside the prepacked weight
+            y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self._prepacked())
+        else:
+            x = x.to(_COMPUTE).contiguous()
+            scales = self.scales.to(_COMPUTE)
+            if x.shape[0] <= _KERNEL_ROWS:  # decoding: read the int8 matrix, not a float one
+                y = torch.ops.aten._weight_int8pack_mm(x, self.qweight, scales)
+            else:  # the kernel is slow on many rows; a bf16 GEMM on Ŵ is fast there
+                y = x @ (self.qweight.to(_COMPUTE) * scales[:, None]).t()
+            if self.bias is not None:
+                y = y + self.bias.to(_COMPUTE)
+        return y.reshape(*shape[:-1], self.out_features).to(dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, activations={self.activations}")
 
 
 def fits_int4(in_features: int, out_features: int, group_size: int = 32) -> bool:
+    """Whether the packed int4 kernel can tile a ``(out, in)`` matrix in groups of ``g``."""
     return in_features % group_size == 0 and out_features % 16 == 0
 
 
-class Int4Linear(nn.Module):
-    """``y = x · Wᵀ (+ b)`` with ``W`` held as group-wise 4-bit codes (module docstring).
+def pack_codes(codes: Tensor, bits: int) -> Tensor:
+    """``(out, in)`` codes in ``0 … 2^bits − 1`` -> ``(out, in · bits / 8)`` uint8, the code of
+    input ``i`` in bits ``(i mod k) · bits`` of byte ``i // k``, ``k = 8 / bits``."""
+    k = 8 // bits
+    c = codes.to(torch.uint8).view(codes.shape[0], -1, k)
+    return sum(c[..., j] << (j * bits) for j in range(k)).to(torch.uint8)
 
-    Shapes: ``x (..., in_features) -> (..., out_features)``. Build one with
-    :meth:`from_codes` (codes taken as they are, e.g. from a GGUF file) or :meth:`from_linear`
-    (quantise a float layer).
+
+def unpack_codes(packed: Tensor, bits: int) -> Tensor:
+    """The inverse of :func:`pack_codes`: ``(out, in · bits / 8)`` -> ``(out, in)`` int32."""
+    k, mask = 8 // bits, (1 << bits) - 1
+    parts = [(packed >> (j * bits)) & mask for j in range(k)]
+    return torch.stack(parts, -1).view(packed.shape[0], -1).to(torch.int32)
+
+
+class Int4Linear(_FixedDtypes):
+    """``y = x · Ŵᵀ (+ b)`` with ``Ŵ`` held as group-wise 4- or 2-bit codes (module
+    docstring); shapes ``x (..., in_features) -> (..., out_features)``, computed in bfloat16
+    and returned in ``x``'s dtype.
+
+    Build one with :meth:`from_codes` (codes taken as they are, e.g. from a GGUF file) or
+    :meth:`from_linear` (quantise a float layer).
     """
 
+    _DTYPES = {"scale_and_zero": _COMPUTE, "bias": _COMPUTE}
+
     def __init__(self, in_features: int, out_features: int, group_size: int = 32,
-                 bias: bool = False):
+                 bias: bool = False, bits: int = 4, device: torch.device | str | None = None):
         super().__init__()
+        if bits not in (4, 2):
+            raise BadInput(f"group-wise codes are 4 or 2 bits, got {bits}")
         if not fits_int4(in_features, out_features, group_size):
             raise BadInput(f"Int4Linear({in_features} -> {out_features}): in_features must be "
                            f"a multiple of group_size={group_size} and out_features of 16 "
                            "(the packed kernel's tiles)")
         self.in_features, self.out_features = in_features, out_features
-        self.group_size = group_size
+        self.group_size, self.bits = group_size, bits
+        # the kernel's packing of the codes, and (in / g, out, 2): [scale, zero] as it reads
+        # them, zero being the value of code 8 (the kernel reads a code c as c − 8)
         self.register_buffer("codes", torch.zeros(out_features, in_features // 2,
-                                                  dtype=torch.uint8))
-        # (in / g, out, 2): [scale, zero] as the kernel wants them, zero = m + 8·s because the
-        # kernel reads the codes as signed, c − 8.
+                                                  dtype=torch.uint8, device=device))
         self.register_buffer("scale_and_zero", torch.zeros(
-            in_features // group_size, out_features, 2, dtype=_COMPUTE))
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=_COMPUTE)) if bias else None
+            in_features // group_size, out_features, 2, dtype=_COMPUTE, device=device))
+        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=_COMPUTE, device=device))
+                     if bias else None)
 
     @classmethod
     def from_codes(cls, codes: Tensor, scale: Tensor, minimum: Tensor,
-                   bias: Tensor | None = None) -> Int4Linear:
-        """``codes (out, in)`` in 0..15, ``scale`` and ``minimum (out, in / g)``."""
+                   bias: Tensor | None = None, bits: int = 4) -> Int4Linear:
+        """``codes (out, in)`` in ``0 … 2^bits − 1``, ``scale`` and ``minimum (out, in / g)``:
+        ``W = scale · c + minimum``."""
         out_features, in_features = codes.shape
-        group_size = in_features // scale.shape[1]
-        layer = cls(in_features, out_features, group_size, bias=bias is not None)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-        layer.codes = packed
-        zero = minimum.float() + 8 * scale.float()
-        layer.scale_and_zero = torch.stack([scale.float(), zero], -1).transpose(0, 1).to(
-            _COMPUTE).contiguous()
+        layer = cls(in_features, out_features, in_features // scale.shape[1],
+                    bias is not None, bits)
+        layer._set(codes, scale.float(), minimum.float() + 8 * scale.float())
         if bias is not None:
             layer.bias.data = bias.to(_COMPUTE)
         return layer
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 32) -> Int4Linear:
-        """Quantise a float layer, each group mapped onto 16 levels from its min to its max."""
+    def from_linear(cls, linear: nn.Linear, group_size: int = 32, bits: int = 4) -> Int4Linear:
+        """Quantise a float layer: each group's range onto ``2^bits`` levels. The codes are
+        rounded against the bf16 scale and zero the kernel will read, so that the only error
+        beyond ``s / 2`` is that rounding's, at the range's ends."""
         w = linear.weight.detach().float()
         out_features, in_features = w.shape
+        layer = cls(in_features, out_features, group_size, linear.bias is not None, bits)
         groups = w.view(out_features, in_features // group_size, group_size)
         low, high = groups.amin(-1), groups.amax(-1)
-        scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-        codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
-        bias = None if linear.bias is None else linear.bias.detach()
-        return cls.from_codes(codes.view(out_features, in_features), scale, low, bias)
+        scale = ((high - low) / (2 ** bits - 1)).clamp(min=2 ** -100).to(_COMPUTE).float()
+        zero = (low + 8 * scale).to(_COMPUTE).float()
+        codes = ((groups - zero[..., None]) / scale[..., None] + 8).round().clamp(
+            0, 2 ** bits - 1)
+        layer._set(codes.view(out_features, in_features), scale, zero)
+        if linear.bias is not None:
+            layer.bias.data = linear.bias.detach().to(_COMPUTE)
+        return layer
+
+    def _set(self, codes: Tensor, scale: Tensor, zero: Tensor) -> None:
+        """Codes ``(out, in)``, scale and zero ``(out, in / g)`` into the kernel's layout."""
+        self.codes = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            codes.to(torch.int32).contiguous(), 1)
+        self.scale_and_zero = torch.stack([scale, zero], -1).transpose(0, 1).to(
+            _COMPUTE).contiguous()
+
+    def _int4_matmul(self, x: Tensor, scale_and_zero: Tensor | None = None) -> Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self.codes, self.group_size,
+            self.scale_and_zero if scale_and_zero is None else scale_and_zero)
 
     @property
     def weight(self) -> Tensor:
-        """The dequantised ``W (out, in)`` in bfloat16 (what the kernel multiplies by)."""
+        """The dequantised ``Ŵ (out, in)`` in bfloat16 (what the kernel multiplies by)."""
         eye = torch.eye(self.in_features, dtype=_COMPUTE, device=self.codes.device)
         return self._int4_matmul(eye).t()
 
-    def _int4_matmul(self, x: Tensor) -> Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.codes, self.group_size,
-                                                          self.scale_and_zero)
+    def plain_codes(self) -> Tensor:
+        """The codes ``c (out, in)``, read back through the kernel itself: with scale 1 and
+        zero 8 it returns ``c − 8 + 8``, exact in bfloat16 for ``c < 16``."""
+        eye = torch.eye(self.in_features, dtype=_COMPUTE)
+        unit = torch.zeros_like(self.scale_and_zero)
+        unit[..., 0], unit[..., 1] = 1, 8
+        return self._int4_matmul(eye, unit).t().round().to(torch.int32)
+
+    # on disk: portable codes (module docstring), never the CPU-specific packing
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        shape = (self.out_features, self.in_features * self.bits // 8)
+        groups = (self.out_features, self.in_features // self.group_size)
+        if self.codes.is_meta:  # a skeleton: shapes only
+            destination[prefix + "qweight"] = torch.empty(shape, dtype=torch.uint8,
+                                                          device="meta")
+            destination[prefix + "scales"] = torch.empty(groups, dtype=_COMPUTE, device="meta")
+            destination[prefix + "zeros"] = torch.empty(groups, dtype=_COMPUTE, device="meta")
+        else:
+            destination[prefix + "qweight"] = pack_codes(self.plain_codes(), self.bits)
+            destination[prefix + "scales"] = self.scale_and_zero[..., 0].t().contiguous()
+            destination[prefix + "zeros"] = self.scale_and_zero[..., 1].t().contiguous()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        names = ["qweight", "scales", "zeros"] + (["bias"] if self.bias is not None else [])
+        found = {n: state_dict[prefix + n] for n in names if prefix + n in state_dict}
+        missing_keys.extend(prefix + n for n in names if n not in found)
+        if len(found) < len(names):
+            return
+        groups = (self.out_features, self.in_features // self.group_size)
+        expected = {"qweight": (self.out_features, self.in_features * self.bits // 8),
+                    "scales": groups, "zeros": groups, "bias": (self.out_features,)}
+        for n, t in found.items():
+            if tuple(t.shape) != expected[n]:
+                error_msgs.append(f"{prefix}{n}: shape {tuple(t.shape)}, expected {expected[n]}")
+                return
+        self._set(unpack_codes(found["qweight"].to(torch.uint8), self.bits),
+                  found["scales"].float(), found["zeros"].float())
+        if self.bias is not None:
+            self.bias.data = found["bias"].to(_COMPUTE)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type != "cpu":
-            raise RuntimeError(f"Int4Linear runs on the CPU (its packed int4 kernel is PyTorch's "
-                               f"CPU one); got an input on {x.device}")
+        _on_cpu(self, x)
         shape = x.shape
         y = self._int4_matmul(x.reshape(-1, self.in_features).to(_COMPUTE).contiguous())
         if self.bias is not None:
@@ -102,21 +296,48 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"group_size={self.group_size}, bias={self.bias is not None}")
+                f"bits={self.bits}, group_size={self.group_size}, bias={self.bias is not None}")
 
 
-def quantize_int4(model: nn.Module, group_size: int = 32, skip: tuple[str, ...] = ("lm_head",)
-                  ) -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` (except names ending in ``skip``, and layers
-    whose shape the kernel cannot tile) by an :class:`Int4Linear` and cast the rest to
-    bfloat16, in place; returns ``model``."""
+def quantize(model: nn.Module, bits: int = 4, group_size: int = 32,
+             activations: str = "float", skip: tuple[str, ...] = ("lm_head",),
+             skeleton: bool = False, only: set[str] | None = None) -> list[str]:
+    """Replace ``model``'s ``nn.Linear`` layers by integer ones, in place; returns their names.
+
+    ``bits`` 8: :class:`Int8Linear` (per channel); ``bits`` 4 or 2: :class:`Int4Linear` in
+    groups of ``group_size``. The rest of the model is cast to bfloat16, the kernels' compute
+    type, except with ``activations="dynamic"`` (int8 only), whose GEMM takes float32.
+    Layers named ``...skip`` (the output projection, often tied to the embedding) stay float;
+    so do layers whose shape the int4 kernel cannot tile (``fits_int4``). ``skeleton``: make
+    empty layers of the right shapes (to load saved codes into), on the weights' device;
+    ``only``: quantise just these layers.
+    """
+    if bits not in BITS:
+        raise BadInput(f"bits must be one of {', '.join(map(str, BITS))}, got {bits}")
+    done = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if (isinstance(child, nn.Linear) and not full.endswith(skip)
-                    and fits_int4(child.in_features, child.out_features, group_size)):
-                setattr(module, child_name, Int4Linear.from_linear(child, group_size))
-    return model.to(_COMPUTE)
+            if (not isinstance(child, nn.Linear) or (skip and full.endswith(skip))
+                    or (only is not None and full not in only)):
+                continue
+            has_bias, device = child.bias is not None, child.weight.device
+            if bits == 8:
+                new = (Int8Linear(child.in_features, child.out_features, has_bias, activations,
+                                  device) if skeleton else Int8Linear.from_linear(child,
+                                                                                  activations))
+            elif fits_int4(child.in_features, child.out_features, group_size):
+                new = (Int4Linear(child.in_features, child.out_features, group_size, has_bias,
+                                  bits, device) if skeleton
+                       else Int4Linear.from_linear(child, group_size, bits))
+            else:
+                continue
+            setattr(module, child_name, new)
+            done.append(full)
+    if activations != "dynamic":
+        model.to(_COMPUTE)
+    return done
 
 
-__all__ = ["Int4Linear", "fits_int4", "quantize_int4"]
+__all__ = ["BITS", "Int4Linear", "Int8Linear", "fits_int4", "pack_codes", "quantize",
+           "unpack_codes"]

@@ -11,7 +11,9 @@ from attnlab.errors import BadInput
 from attnlab.generation.likelihood import (
     continuation_logprobs,
     grouped_continuation_logprobs,
+    rolling_nll,
     token_logprobs,
+    windows,
 )
 
 TINY = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_decoder_layers=2, max_len=64)
@@ -233,3 +235,56 @@ def test_empty_input_is_refused(model, requests, message):
 def test_a_continuation_longer_than_the_window_is_refused(model):
     with pytest.raises(BadInput, match="does not fit"):
         continuation_logprobs(model, [([1, 2], [3, 4, 5, 6])], window=3)
+
+
+# --- perplexity through a sliding window -----------------------------------------------------
+@pytest.mark.parametrize("n, block, stride", [(10, 4, 2), (10, 4, 3), (11, 4, 3), (2, 4, 2),
+                                              (40, 64, 32), (33, 8, 1), (9, 2, 1)])
+def test_windows_score_every_token_but_the_first_once(n, block, stride):
+    spans = windows(n, block, stride)
+    scored = [t for _, e, f in spans for t in range(f, e)]
+    assert scored == list(range(1, n))  # each once, in order
+    assert spans[-1][1] == n
+    for i, (b, e, f) in enumerate(spans):
+        assert 0 < e - b <= block and b < f <= e
+        assert b == i * stride  # a window starts every stride tokens
+        if i:  # after the first window, at least block − stride tokens of context
+            assert f - b >= block - stride
+
+
+def test_windows_as_worked_by_hand():
+    # 10 tokens, windows of 4 every 2: [0,4) scores 1..3, [2,6) 4..5, [4,8) 6..7, [6,10) 8..9
+    assert windows(10, 4, 2) == [(0, 4, 1), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
+
+
+@pytest.mark.parametrize("block, stride, batch", [(64, 63, 1), (16, 8, 1), (16, 8, 3),
+                                                  (16, 5, 2), (16, 15, 2)])
+def test_rolling_nll_equals_each_window_run_alone(model, block, stride, batch):
+    """Σ −log p over every window's scored tokens, each window its own full forward pass."""
+    torch.manual_seed(1)
+    ids = torch.randint(4, 50, (45,))
+    expected = 0.0
+    for b, e, f in windows(len(ids), block, stride):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids[None, b:e]).double(), -1)[0]
+        expected -= float(sum(logp[t - b - 1, ids[t]] for t in range(f, e)))
+    nll, n = rolling_nll(model, ids, block, stride, batch)
+    assert n == len(ids) - 1
+    assert nll == pytest.approx(expected, rel=1e-5)
+
+
+def test_rolling_nll_with_one_window_is_token_logprobs(model):
+    ids = torch.randint(4, 50, (1, 30), generator=torch.Generator().manual_seed(2))
+    nll, n = rolling_nll(model, ids[0], block=64, stride=32)
+    assert n == 29 and nll == pytest.approx(-float(token_logprobs(model, ids).sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(ids=[5], block=8, stride=4), "at least 2 tokens"),
+    (dict(ids=[5, 6, 7], block=1, stride=1), "block >= 2"),
+    (dict(ids=[5, 6, 7], block=8, stride=8), "stride < block"),
+    (dict(ids=[5, 6, 7], block=8, stride=4, batch=0), "batch must be >= 1"),
+])
+def test_rolling_nll_bad_arguments(model, kwargs, message):
+    with pytest.raises(BadInput, match=message):
+        rolling_nll(model, **kwargs)

@@ -1,5 +1,7 @@
 """4-bit weight-only linear layers against float references."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -7,7 +9,7 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.generation import generate
 from attnlab.models import GPT
-from attnlab.nn.quantized import Int4Linear, quantize_int4
+from attnlab.nn.quantized import Int4Linear, Int8Linear, pack_codes, quantize, unpack_codes
 
 BF16 = torch.bfloat16
 
@@ -56,7 +58,8 @@ def test_shapes_the_kernel_cannot_tile_are_refused_and_skipped():
         Int4Linear(100, 16)
     with pytest.raises(ValueError, match="out_features of 16"):
         Int4Linear(64, 24)
-    model = quantize_int4(nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 24)))
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 24))
+    quantize(model, bits=4)
     assert isinstance(model[0], Int4Linear) and isinstance(model[1], nn.Linear)
     assert model[1].weight.dtype == BF16
 
@@ -71,7 +74,8 @@ def test_quantize_int4_gpt_computes_the_float_model_of_its_dequantised_weights()
     ids = torch.randint(0, 256, (2, 12))
     with torch.no_grad():
         original = model(ids)
-        q = quantize_int4(model)
+        q = copy.deepcopy(model)
+        quantize(q, bits=4)
         for name, module in q.named_modules():
             if isinstance(module, Int4Linear):
                 reference.get_submodule(name).weight.copy_(module.weight.float())
@@ -86,3 +90,89 @@ def test_quantize_int4_gpt_computes_the_float_model_of_its_dequantised_weights()
         for _ in range(8):
             seq = torch.cat([seq, q(seq)[:, -1].float().argmax(-1, keepdim=True)], 1)
     assert torch.equal(cached, seq)
+
+
+# --- every format's error bound, as nn/quantized.py documents it ----------------------------
+def _weights(out_features=48, in_features=128, seed=0):
+    """Rows of different scales, one group all positive and one constant, a large outlier."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=g) * torch.logspace(
+        -3, 0, out_features)[:, None]
+    w[0, :32] = w[0, :32].abs() + 1.0  # far from zero: |z| large against s
+    w[1, 32:64] = 0.25  # constant group: s = 0
+    w[2, 5] = 40.0
+    return w
+
+
+def test_int8_error_is_at_most_half_a_step_per_channel():
+    w = _weights()
+    lin = nn.Linear(128, 48)
+    lin.weight.data = w
+    layer = Int8Linear.from_linear(lin)
+    s = w.abs().amax(1) / 127
+    assert torch.equal(layer.scales, s)
+    err = (layer.weight - w).abs()
+    assert (err <= s[:, None] / 2 * (1 + 1e-6)).all()
+    assert layer.qweight.dtype == torch.int8 and layer.qweight.abs().max() == 127
+    # computed in bf16: the kernel for a few rows, a GEMM on Ŵ for many; both ≈ x·Ŵᵀ + b
+    for rows in (5, 200):
+        x = torch.randn(rows, 128)
+        ref = x.double() @ layer.weight.double().t() + lin.bias.double()
+        err = (layer(x).double() - ref).abs().max()
+        assert err <= 2 ** -7 * (x.abs().double() @ layer.weight.abs().double().t()).max()
+
+
+@pytest.mark.parametrize("bits, group", [(4, 32), (4, 64), (2, 32), (2, 128)])
+def test_group_wise_error_is_half_a_step_plus_bf16_rounding(bits, group):
+    w = _weights()
+    lin = nn.Linear(128, 48, bias=False)
+    lin.weight.data = w
+    layer = Int4Linear.from_linear(lin, group, bits)
+    codes = layer.plain_codes()
+    assert codes.min() >= 0 and codes.max() <= 2 ** bits - 1
+    groups = w.view(48, 128 // group, group)
+    s = ((groups.amax(-1) - groups.amin(-1)) / (2 ** bits - 1)).repeat_interleave(group, 1)
+    z = (groups.amin(-1) + 8 * groups.amax(-1).sub(groups.amin(-1)) / (2 ** bits - 1)
+         ).repeat_interleave(group, 1)
+    bound = s / 2 + 2 ** -8 * (z.abs() + 8 * s + w.abs())  # + the kernel's bf16 output
+    err = (layer.weight.float() - w).abs()
+    assert (err <= bound).all(), (err - bound).max()
+    if group == 32:
+        assert (err[1, 32:64] == 0).all()  # a constant group is exact
+    # the bound is not loose: half a step is reached, up to rounding
+    assert (err / s.clamp(min=1e-30)).max() > 0.45
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+def test_codes_read_back_and_pack_portably(bits):
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 2 ** bits, (32, 64), generator=g)
+    scale = torch.rand(32, 2, generator=g) * 0.1 + 0.01
+    layer = Int4Linear.from_codes(codes, scale, -scale * 3, bits=bits)
+    assert torch.equal(layer.plain_codes(), codes.to(torch.int32))
+    packed = pack_codes(codes, bits)
+    assert packed.shape == (32, 64 * bits // 8) and packed.dtype == torch.uint8
+    # by hand: the first byte holds codes 0 .. 8/bits − 1, the first in the low bits
+    first = sum(int(codes[0, j]) << (j * bits) for j in range(8 // bits))
+    assert int(packed[0, 0]) == first
+    assert torch.equal(unpack_codes(packed, bits), codes.to(torch.int32))
+    state = layer.state_dict()
+    assert set(state) == {"qweight", "scales", "zeros"} and torch.equal(state["qweight"], packed)
+    again = Int4Linear(64, 32, 32, bits=bits)
+    again.load_state_dict(state)
+    x = torch.randn(3, 64)
+    assert torch.equal(again(x), layer(x))
+
+
+def test_dynamic_int8_activations_quantise_x_per_call():
+    """``quantized::linear_dynamic``: x on an asymmetric 8-bit grid from its own min/max, an
+    int8 GEMM, float out; within a step of x times the weights' row sums of |W|."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32)
+    layer = Int8Linear.from_linear(lin, activations="dynamic")
+    x = torch.randn(6, 64)
+    exact = x @ layer.weight.t() + lin.bias.detach()
+    step = float(x.max() - x.min()) / 255
+    bound = step / 2 * layer.weight.abs().sum(1) + 1e-5
+    assert ((layer(x) - exact).abs() <= bound).all()
+    assert not torch.equal(layer(x), exact)  # the activations really are quantised
