@@ -43,7 +43,12 @@ def build_model(config: ModelConfig) -> nn.Module:
     """The model class the config's ``arch`` names, built (and initialised) from the config."""
     if config.arch not in ARCHITECTURES:
         raise BadInput(f"config field arch={config.arch!r}: no model family implements it yet")
-    return ARCHITECTURES[config.arch](config)
+    model = ARCHITECTURES[config.arch](config)
+    if config.pruned_heads:  # the shapes of a pruned model (compression/prune.py)
+        from attnlab.compression.prune import apply_pruned_heads
+
+        apply_pruned_heads(model, config.pruned_heads)
+    return model
 
 
 def skeleton(config: ModelConfig) -> nn.Module:
@@ -55,15 +60,19 @@ def skeleton(config: ModelConfig) -> nn.Module:
 def parameters_of(config: ModelConfig) -> int:
     """The parameter count of ``build_model(config)``, without building its layers."""
     def count(n_enc: int, n_dec: int) -> int:
-        small = dataclasses.replace(config, n_encoder_layers=n_enc, n_decoder_layers=n_dec)
+        small = dataclasses.replace(config, n_encoder_layers=n_enc, n_decoder_layers=n_dec,
+                                    pruned_heads={})
         return sum(p.numel() for p in skeleton(small).parameters())
 
     enc, dec = min(config.n_encoder_layers, 1), min(config.n_decoder_layers, 1)
     base = count(enc, dec)
     per_enc = count(enc + 1, dec) - base if enc else 0
     per_dec = count(enc, dec + 1) - base if dec else 0
+    # a pruned head took its d_k rows of W_Q, W_K, W_V (and biases) and columns of W_O
+    per_head = 4 * config.d_k * config.d_model + (3 * config.d_k if config.bias else 0)
+    pruned = sum(len(heads) for heads in config.pruned_heads.values()) * per_head
     return (base + max(config.n_encoder_layers - 1, 0) * per_enc
-            + max(config.n_decoder_layers - 1, 0) * per_dec)
+            + max(config.n_decoder_layers - 1, 0) * per_dec - pruned)
 
 
 def check_affordable(config: ModelConfig, where: str | os.PathLike, file_bytes: int | None,

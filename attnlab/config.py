@@ -139,6 +139,9 @@ class ModelConfig:
     image_size: int | None = None
     patch_size: int | None = None
     num_channels: int = 3
+    # attention heads removed by pruning: "blocks.layers.3.self_attn" -> the original indices
+    # of its heads that are gone (as HF's pruned_heads); the others keep their width d_k
+    pruned_heads: dict[str, list[int]] = field(default_factory=dict)
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -170,6 +173,24 @@ class ModelConfig:
             raise BadInput("config: activation='swiglu' is not supported by BERT (arch='encoder')")
         if self.arch == "vision":
             self._check_vision()
+        self._check_pruned_heads()
+
+    def _check_pruned_heads(self) -> None:
+        if not isinstance(self.pruned_heads, dict):
+            raise BadInput(f"config field pruned_heads must map attention layers to head "
+                           f"lists, got {self.pruned_heads!r}")
+        for path, heads in self.pruned_heads.items():
+            if (not isinstance(heads, list) or not heads or len(set(heads)) != len(heads)
+                    or not all(isinstance(h, int) and not isinstance(h, bool)
+                               and 0 <= h < self.n_heads for h in heads)):
+                raise BadInput(f"config field pruned_heads[{path!r}]={heads!r}: expected "
+                               f"distinct head indices in 0..{self.n_heads - 1}")
+            if len(heads) >= self.n_heads:
+                raise BadInput(f"config field pruned_heads[{path!r}] removes all "
+                               f"{self.n_heads} heads; a layer keeps at least one")
+            if self.kv_heads != self.n_heads:
+                raise BadInput("config field pruned_heads: heads are pruned only without "
+                               "grouped-query attention (num_kv_heads = n_heads)")
 
     def _check_vision(self) -> None:
         """A ViT needs its image and patch sizes (the patches tile the image), learned

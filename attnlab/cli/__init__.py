@@ -26,7 +26,8 @@ COMMANDS = {
     "info": "info", "train": "train", "average": "train", "generate": "generate",
     "translate": "translate", "evaluate": "evaluate", "classify": "encoder",
     "embed": "encoder", "explain": "explain", "plot": "explain", "tokenize": "tokenize",
-    "quantize": "compress", "demo": "demo",
+    "quantize": "compress", "prune": "compress",
+    "demo": "demo",
 }
 
 

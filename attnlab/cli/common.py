@@ -175,6 +175,18 @@ def texts(args: argparse.Namespace, skip_blank: bool = False, required: bool = T
     return found
 
 
+def read_text_file(path: str) -> str:
+    """A whole UTF-8 text file; a missing, unreadable or non-UTF-8 one is one line."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: a directory, not a text file") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
 def warn_unknown(tokenizer, texts: list[str], what: str) -> None:
     """One warning naming the symbols of ``texts`` that ``tokenizer`` reads as ``<unk>``."""
     if not hasattr(tokenizer, "unknown"):  # byte-level BPE knows every byte

@@ -1,9 +1,13 @@
-"""``attnlab quantize``: a model folder made smaller, for every family.
+"""``attnlab quantize`` and ``attnlab prune``: a model folder made smaller.
 
 * ``quantize``: post-training weight-only quantisation (int8 per channel, int4 or int2 in
-  groups), or int8 weights with dynamic int8 activations for encoders. The output is a model
-  folder with ``quantization.json`` (:mod:`attnlab.compression.quantize`), which
-  :func:`attnlab.load`, and so every command, reads.
+  groups), or int8 weights with dynamic int8 activations for encoders, for every family. The
+  output is a model folder with ``quantization.json`` (:mod:`attnlab.compression.quantize`),
+  which :func:`attnlab.load`, and so every command, reads.
+* ``prune``: attention heads removed by importance on data (a classifier on labelled JSON
+  lines, a language model on text), or weights zeroed by magnitude
+  (:mod:`attnlab.compression.prune`). The output is a model folder whose config records the
+  heads that are gone.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.cli.common import UsageError, add_model_arg, add_out_arg
+from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, read_text_file
 
 
 def _size(path: Path) -> int:
@@ -78,6 +82,94 @@ def cmd_quantize(args: argparse.Namespace) -> None:
     print(f"model in {folder}")
 
 
+def _importance_batches(args: argparse.Namespace, loaded) -> tuple[list, object]:
+    """``(batches, loss_fn)`` for head importance: a classifier's cross-entropy on labelled
+    examples, or a language model's next-token cross-entropy on windows of a text."""
+    import torch
+    import torch.nn.functional as F
+
+    config = loaded.config
+    if config.arch == "encoder" and config.head == "classify":
+        from attnlab.data.classify import encode_examples, fixed_batches, read_labelled
+
+        if not (args.text_field and args.label_field):
+            raise UsageError("a classifier is pruned on labelled data: give --text-field and "
+                             "--label-field")
+        labels = config.extra.get("labels") or [str(i) for i in range(config.num_labels)]
+        rows = encode_examples(read_labelled(args.data, args.text_field, args.label_field),
+                               loaded.tokenizer, labels, loaded.max_len)
+        batches = fixed_batches(rows, args.batch, loaded.tokenizer.pad_id)[: args.batches]
+
+        def loss(model, b):
+            return F.cross_entropy(model(b.ids, b.token_type_ids, b.attention_mask), b.labels)
+
+        return batches, loss
+    if config.arch == "decoder":
+        ids = torch.tensor(loaded.tokenizer.encode(read_text_file(args.data)))
+        block = min(args.block, config.context or args.block)
+        if len(ids) < block + 1:
+            raise UsageError(f"{args.data}: {len(ids)} tokens, fewer than one window of "
+                             f"--block {block} + 1")
+        starts = list(range(0, len(ids) - block, block))
+        windows = torch.stack([ids[s : s + block + 1] for s in starts])
+        batches = list(windows.split(args.batch))[: args.batches]
+
+        def loss(model, w):
+            logits = model(w[:, :-1])
+            return F.cross_entropy(logits.flatten(0, 1).float(), w[:, 1:].flatten())
+
+        return batches, loss
+    raise UsageError(f"{args.model}: head importance is measured for a classifier (encoder "
+                     f"with a classify head) or a language model; this is a {config.arch} "
+                     f"model with head {config.head!r}")
+
+
+def cmd_prune(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    from attnlab.compression import prune
+    from attnlab.storage import load, save_model_dir
+
+    if (args.heads is None) == (args.sparsity is None):
+        raise UsageError("give one of --heads (structured) or --sparsity (unstructured)")
+    loaded = load(args.model)
+    model, config = loaded.model.float(), loaded.config
+    before = sum(p.numel() for p in model.parameters())
+    if args.sparsity is not None:
+        if not 0 <= args.sparsity < 1:
+            raise UsageError(f"--sparsity must be in [0, 1), got {args.sparsity}")
+        achieved = prune.magnitude_prune(model, args.sparsity)
+        print(f"zeroed the smallest {args.sparsity:.0%} of each weight matrix of the layers: "
+              f"{achieved:.1%} of them are zero (stored dense: no smaller or faster)")
+    else:
+        layers = prune.attention_layers(model)
+        total = sum(m.n_heads for m in layers.values())
+        count = round(args.heads * total)
+        if not 0 < args.heads < 1 or count > total - len(layers):
+            raise UsageError(f"--heads {args.heads}: the model has {total} heads in "
+                             f"{len(layers)} attention layers and each keeps one, so at most "
+                             f"{total - len(layers)} can go (--heads is a share, below "
+                             f"{(total - len(layers) + 0.5) / total:.2f} here)")
+        if not args.data:
+            raise UsageError("--heads ranks heads by their importance on data: give --data")
+        batches, loss = _importance_batches(args, loaded)
+        scores = prune.head_importance(model, batches, loss)
+        drop = prune.least_important(scores, count)
+        pruned = prune.remove_heads(model, drop)
+        config = dataclasses.replace(config, pruned_heads=pruned)
+        model.config = config
+        print(f"removed {count} of {total} heads, ranked by |dL/d gate| on {len(batches)} "
+              f"batches of {args.data}")
+        for path, layer in prune.attention_layers(model).items():
+            print(f"  {path}: {layer.n_heads} heads left"
+                  + (f" (removed {pruned[path]})" if path in pruned else ""))
+    after = sum(p.numel() for p in model.parameters())
+    print(f"parameters: {after:,} (from {before:,}, {after / before:.1%})")
+    folder = save_model_dir(args.out, model, config,
+                            {k: t.to_dict() for k, t in loaded.tokenizers.items()})
+    print(f"model in {folder}")
+
+
 def add_commands(sub) -> None:
     q = sub.add_parser(
         "quantize", help="post-training quantisation to int8, int4 or int2",
@@ -97,3 +189,28 @@ def add_commands(sub) -> None:
                         "int8 at every call: fast where the CPU has VNNI or AMX)")
     add_out_arg(q, "the quantised model folder", required=True)
     q.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser(
+        "prune", help="remove attention heads by importance, or zero the smallest weights",
+        description="--heads: remove that share (or count) of all attention heads, the least "
+                    "important first, ranked across layers by |dL/d gate| summed over --data "
+                    "(Michel et al., 2019; per-layer normalised), each layer keeping one; the "
+                    "heads' rows of W_Q, W_K, W_V and columns of W_O go, so the model gets "
+                    "smaller and faster. --sparsity: zero that share of each layer matrix's "
+                    "smallest weights (unstructured; stored dense).")
+    add_model_arg(p, "a classifier run or folder (BERT/MiniLM), or a language model")
+    p.add_argument("--heads", type=float, metavar="F",
+                   help="share of all heads to remove, e.g. 0.25 or 0.5")
+    p.add_argument("--sparsity", type=float, metavar="S",
+                   help="share of each weight matrix to zero by magnitude")
+    p.add_argument("--data", metavar="FILE",
+                   help="what importance is measured on: labelled JSON lines for a classifier "
+                        "(with --text-field, --label-field), a text file for a language model")
+    p.add_argument("--text-field", help="classifier data: the text field (or F1,F2)")
+    p.add_argument("--label-field", help="classifier data: the label field")
+    p.add_argument("--batches", type=int, default=32, help="batches of --data to score on")
+    p.add_argument("--batch", type=int, default=16, help="examples or windows per batch")
+    p.add_argument("--block", type=int, default=256,
+                   help="language model: tokens per window")
+    add_out_arg(p, "the pruned model folder", required=True)
+    p.set_defaults(func=cmd_prune)

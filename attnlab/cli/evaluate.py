@@ -30,6 +30,7 @@ from attnlab.cli.common import (
     add_runtime_args,
     announce,
     load_for,
+    read_text_file,
     runtime,
     warn_unknown,
 )
@@ -171,24 +172,13 @@ def _requests(args: argparse.Namespace, loaded: Loaded, examples: list[Example],
     return requests
 
 
-def _read_text(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: a directory, not a text file") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
-
-
 def cmd_evaluate_lm(args: argparse.Namespace) -> None:
     import math
 
     from attnlab import hardware
     from attnlab.generation.likelihood import rolling_nll, windows
 
-    text = _read_text(args.text)
+    text = read_text_file(args.text)
     loaded, device, precision = _decoder(args)
     window = loaded.config.context
     block = args.block or min(window or 1024, 1024)

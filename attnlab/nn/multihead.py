@@ -34,6 +34,8 @@ class MultiHeadAttention(nn.Module):
         fused_qkv: one ``(d_model → (h + 2·h_kv)·d_k)`` projection instead of three; self-attention
             then runs a single matmul (cross-attention slices the same weight).
         dropout: dropout on the attention weights.
+        head_dim: d_k, when it is not ``d_model / n_heads`` (a layer whose heads were pruned
+            keeps its heads' width: ``h·d_k < d_model``).
     """
 
     def __init__(
@@ -44,15 +46,16 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         fused_qkv: bool = False,
         dropout: float = 0.0,
+        head_dim: int | None = None,
     ):
         super().__init__()
         num_kv_heads = n_heads if num_kv_heads is None else num_kv_heads
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise BadInput(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if n_heads % num_kv_heads:
             raise BadInput(f"n_heads={n_heads} is not divisible by num_kv_heads={num_kv_heads}")
         self.n_heads, self.num_kv_heads = n_heads, num_kv_heads
-        self.d_k = d_model // n_heads
+        self.d_k = d_model // n_heads if head_dim is None else head_dim
         self.q_dim, self.kv_dim = n_heads * self.d_k, num_kv_heads * self.d_k
         self.dropout = dropout
         if fused_qkv:

@@ -1,0 +1,265 @@
+"""Pruning: removing a head takes away exactly its parameters and leaves the model equal to
+itself with that head's gate at zero; head importance equals finite differences of the loss in
+the gate; pruned folders round-trip through ``attnlab.load``; magnitude pruning reaches its
+sparsity by dropping the smallest weights."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from attnlab import ModelConfig, build_model, load
+from attnlab.compression.prune import (
+    attention_layers,
+    head_gates,
+    head_importance,
+    least_important,
+    magnitude_prune,
+    remove_heads,
+)
+from attnlab.errors import BadInput
+from attnlab.storage import save_model_dir
+from attnlab.tokenizers import CharTokenizer
+
+PRESETS = {  # BERT's hidden states (separate Q/K/V), GPT-2 (fused QKV), an encoder-decoder
+    "bert-mini": dict(n_encoder_layers=2),
+    "gpt-mini": dict(n_decoder_layers=2),
+    "tiny": dict(n_encoder_layers=2, n_decoder_layers=2),
+}
+
+
+def tiny(preset):
+    config = ModelConfig.from_preset(preset, vocab_size=40, d_model=64, n_heads=4, d_ff=128,
+                                     max_len=32, dropout=0.0, **PRESETS[preset])
+    torch.manual_seed(0)
+    return build_model(config).eval()
+
+
+def run(model, ids):
+    with torch.no_grad():
+        if model.config.arch == "encoder-decoder":
+            return model(ids, ids[:, :6])
+        return model(ids)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_removing_heads_takes_exactly_their_parameters_and_equals_masking(preset):
+    model = tiny(preset)
+    ids = torch.randint(4, 40, (2, 10), generator=torch.Generator().manual_seed(1))
+    paths = list(attention_layers(model))
+    drop = {paths[0]: [1, 3], paths[-1]: [0]}
+    gates = {p: torch.ones(4) for p in paths}
+    for p, hs in drop.items():
+        gates[p][hs] = 0
+    with head_gates(model, gates):
+        masked = run(model, ids)
+    before = sum(p.numel() for p in model.parameters())
+    pruned = copy.deepcopy(model)
+    record = remove_heads(pruned, drop)
+    after = sum(p.numel() for p in pruned.parameters())
+    d, d_k = 64, 16
+    per_head = 3 * (d * d_k + d_k) + d_k * d  # W_Q, W_K, W_V rows and biases; W_O columns
+    assert before - after == 3 * per_head
+    assert record == drop  # original indices, nothing pruned before
+    assert attention_layers(pruned)[paths[0]].n_heads == 2
+    assert torch.allclose(run(pruned, ids), masked, atol=1e-5)
+    change = (run(model, ids) - masked).norm() / masked.norm()
+    assert change > 1e-2  # the heads mattered
+
+
+def test_a_second_pruning_counts_in_original_heads_and_round_trips(tmp_path):
+    model = tiny("bert-mini")
+    path = next(iter(attention_layers(model)))
+    first = remove_heads(model, {path: [0]})
+    model.config = dataclasses.replace(model.config, pruned_heads=first)
+    second = remove_heads(model, {path: [1]})  # current head 1 is original head 2
+    assert second == {path: [0, 2]}
+    model.config = dataclasses.replace(model.config, pruned_heads=second)
+    tok = CharTokenizer.train(["abc"])
+    folder = save_model_dir(tmp_path / "p", model, model.config, {"text": tok.to_dict()})
+    loaded = load(folder).model
+    assert attention_layers(loaded)[path].n_heads == 2
+    ids = torch.randint(4, 40, (2, 9))
+    assert torch.equal(run(loaded, ids), run(model, ids))
+
+
+def test_importance_is_the_gate_gradient_by_finite_differences():
+    model = tiny("gpt-mini").double()
+    ids = torch.randint(4, 40, (3, 12), generator=torch.Generator().manual_seed(2))
+
+    def loss(m, batch):
+        logits = m(batch[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+    scores = head_importance(model, [ids, ids[:2]], loss, normalise=False)
+    paths = list(attention_layers(model))
+    eps = 1e-6
+    for path in paths:
+        for h in range(4):
+            total = 0.0
+            for batch in (ids, ids[:2]):
+                values = []
+                for sign in (1, -1):
+                    gates = {p: torch.ones(4, dtype=torch.double) for p in paths}
+                    gates[path][h] += sign * eps
+                    with head_gates(model, gates), torch.no_grad():
+                        values.append(float(loss(model, batch)))
+                total += abs(values[0] - values[1]) / (2 * eps)
+            assert scores[path][h].item() == pytest.approx(total, rel=1e-5, abs=1e-9)
+    assert all(not p.requires_grad or p.grad is None for p in model.parameters())
+
+
+def test_least_important_ranks_across_layers_and_keeps_one_head_a_layer():
+    scores = {"a": torch.tensor([0.1, 0.9, 0.2]), "b": torch.tensor([0.05, 0.01, 0.5])}
+    assert least_important(scores, 2) == {"b": [0, 1]}
+    assert least_important(scores, 3) == {"a": [0], "b": [0, 1]}  # b keeps its head 2
+    assert least_important(scores, 4) == {"a": [0, 2], "b": [0, 1]}
+    with pytest.raises(BadInput, match="cannot prune 5 heads: the model has 6 in 2 layers"):
+        least_important(scores, 5)
+
+
+@pytest.mark.parametrize("drop, message", [
+    ({"blocks.layers.9.self_attn": [0]}, "no attention layer"),
+    ({"encoder.layers.0.self_attn": [0, 1, 2, 3]}, "cannot prune 4 of its 4 heads"),
+    ({"encoder.layers.0.self_attn": [4]}, "not distinct indices in 0..3"),
+])
+def test_bad_head_lists(drop, message):
+    model = tiny("bert-mini")
+    if "encoder.layers.0.self_attn" not in attention_layers(model):
+        drop = {k.replace("encoder.", "blocks."): v for k, v in drop.items()}
+    with pytest.raises(BadInput, match=message):
+        remove_heads(model, drop)
+
+
+def test_grouped_query_attention_is_refused():
+    config = ModelConfig.from_preset("llama-mini", vocab_size=40, n_decoder_layers=1)
+    model = build_model(config)
+    path = next(iter(attention_layers(model)))
+    with pytest.raises(BadInput, match="without grouped-query attention"):
+        remove_heads(model, {path: [0]})
+
+
+def test_magnitude_pruning_drops_the_smallest_weights_of_each_matrix():
+    model = tiny("gpt-mini")
+    original = {n: m.weight.detach().clone() for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}"}
+    embed = model.embed.weight.detach().clone()
+    achieved = magnitude_prune(model, 0.5)
+    assert achieved == pytest.approx(0.5, abs=1e-3)
+    for name, w in original.items():
+        now = model.get_submodule(name).weight.detach()
+        kept = now != 0
+        assert kept.float().mean().item() == pytest.approx(0.5, abs=1 / w.numel() + 1e-9)
+        assert torch.equal(now[kept], w[kept])  # survivors unchanged
+        assert w[~kept].abs().max() <= w[kept].abs().min()  # the smallest went
+    assert torch.equal(model.embed.weight, embed)
+    with pytest.raises(BadInput, match="sparsity must be in"):
+        magnitude_prune(model, 1.0)
+
+
+# --- attnlab prune ---------------------------------------------------------------------------
+WORDS = "good bad great awful fine poor nice terrible ok movie film plot the a was is".split()
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    """A tiny BERT classifier folder (WordPiece vocabulary of whole words) and labelled data."""
+    import json
+    import random
+
+    from attnlab.tokenizers import WordPieceTokenizer
+
+    root = tmp_path_factory.mktemp("prune")
+    tok = WordPieceTokenizer.from_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])
+    config = ModelConfig.from_preset("bert-mini", vocab_size=tok.vocab_size, d_model=64,
+                                     n_heads=4, d_ff=128, n_encoder_layers=2, max_len=32,
+                                     head="classify", num_labels=2,
+                                     extra={"labels": ["neg", "pos"]})
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    folder = save_model_dir(root / "clf", model, config, {"text": tok.to_dict()})
+    rng = random.Random(0)
+    rows = [{"text": " ".join(rng.choice(WORDS) for _ in range(6)), "label": rng.choice(
+        ["neg", "pos"])} for _ in range(40)]
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder, model, tok, data
+
+
+def test_prune_heads_of_a_classifier_from_the_command_line(classifier, tmp_path, capsys):
+    from tests.cli.helpers import cli
+
+    folder, model, tok, data = classifier
+    r = cli(capsys, "prune", "--model", folder, "--heads", "0.5", "--data", data, "--text-field",
+            "text", "--label-field", "label", "--batch", "8", "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    assert "removed 4 of 8 heads" in r.out
+    loaded = load(tmp_path / "p")
+    pruned = loaded.config.pruned_heads
+    assert sum(len(v) for v in pruned.values()) == 4
+    assert all(len(v) <= 3 for v in pruned.values())  # each layer keeps a head
+    d_k = 16
+    removed = sum(p.numel() for p in model.parameters()) - sum(
+        p.numel() for p in loaded.model.parameters())
+    assert removed == 4 * (3 * (64 * d_k + d_k) + d_k * 64)
+    assert f"parameters: {sum(p.numel() for p in loaded.model.parameters()):,}" in r.out
+    # the pruned folder computes the original model with those heads gated off
+    ids = torch.tensor([tok.encode_single("good movie was terrible")])
+    gates = {p: torch.ones(4) for p in attention_layers(model)}
+    for path, heads in pruned.items():
+        gates[path][heads] = 0
+    with head_gates(model, gates), torch.no_grad():
+        expected = model(ids)
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(ids), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--heads", "1.0"), "at most 6 can go"),
+    (("--heads", "0.9"), "at most 6 can go"),
+    (("--heads", "0"), "at most 6 can go"),
+    (("--heads", "0.5"), "give --data"),
+    (("--heads", "0.5", "--sparsity", "0.5"), "give one of --heads"),
+    (("--sparsity", "1.5"), "--sparsity must be in [0, 1)"),
+])
+def test_bad_prune_arguments(classifier, tmp_path, capsys, extra, message):
+    from tests.cli.helpers import assert_bad_input, cli
+
+    folder, *_ = classifier
+    r = cli(capsys, "prune", "--model", folder, *extra, "--out", tmp_path / "p")
+    assert_bad_input(r, message)
+    assert not (tmp_path / "p").exists()
+
+
+def test_magnitude_pruning_from_the_command_line(classifier, tmp_path, capsys):
+    from tests.cli.helpers import cli
+
+    folder, *_ = classifier
+    r = cli(capsys, "prune", "--model", folder, "--sparsity", "0.3", "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    assert "30.0% of them are zero" in r.out
+    model = load(tmp_path / "p").model
+    w = model.blocks.layers[0].ffn.w1.weight if hasattr(model, "blocks") else None
+    if w is not None:
+        assert (w == 0).float().mean().item() == pytest.approx(0.3, abs=1e-3)
+
+
+def test_prune_heads_of_a_language_model_on_text(tmp_path, capsys):
+    from tests.cli.helpers import cli
+
+    text = "to be or not to be, that is the question. " * 10
+    tok = CharTokenizer.train([text])
+    config = ModelConfig.from_preset("gpt-mini", vocab_size=tok.vocab_size, d_model=64,
+                                     n_heads=4, d_ff=128, n_decoder_layers=2, max_len=64)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    folder = save_model_dir(tmp_path / "lm", model, config, {"text": tok.to_dict()})
+    (tmp_path / "t.txt").write_text(text)
+    r = cli(capsys, "prune", "--model", folder, "--heads", "0.25", "--data", tmp_path / "t.txt",
+            "--block", "32", "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    assert "removed 2 of 8 heads" in r.out
+    r = cli(capsys, "generate", "--model", tmp_path / "p", "--prompt", "to be", "--device",
+            "cpu", "--max-new-tokens", "5")  # a pruned model decodes with its KV cache
+    assert r.code == 0, r.err
