@@ -214,6 +214,8 @@ def _bert_args(p: argparse.ArgumentParser, lr: float, warmup: int, eval_every: i
 
 
 def add_commands(sub) -> None:
+    from attnlab.cli.distill import add_subcommand
+
     train = sub.add_parser("train", help="train a model", description="Train a model.")
     kinds = train.add_subparsers(dest="what", metavar="KIND")
     kinds.required = True
@@ -337,6 +339,7 @@ def add_commands(sub) -> None:
                          "that model is kept")
     _run_args(im, "runs/image", 3000, legacy=None, time_budget=120)
     im.set_defaults(func=cmd_train_image)
+    add_subcommand(kinds)
 
     avg = sub.add_parser("average", help="average the last checkpoints of a run",
                          description="Average the weights of a run's last N checkpoints (the "
