@@ -25,6 +25,12 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def _engine() -> str:
+    import torch
+
+    return torch.backends.quantized.engine
+
+
 def cmd_quantize(args: argparse.Namespace) -> None:
     import warnings
 
@@ -61,8 +67,11 @@ def cmd_quantize(args: argparse.Namespace) -> None:
                             extra_files={SPEC_FILE: write_spec(spec)})
     what = {8: "int8, one scale per output channel", 4: f"int4 in groups of {args.group}",
             2: f"int2 in groups of {args.group}"}[args.bits]
-    print(f"quantised {len(spec['modules'])} linear layers to {what}"
-          + (", activations int8 per call" if args.activations == "dynamic" else ""))
+    kernel = ("; activations int8 per call, PyTorch's quantized::linear_dynamic on its "
+              f"'{_engine()}' engine" if args.activations == "dynamic" else
+              "; PyTorch's _weight_int8pack_mm for a few rows, a bf16 GEMM for many"
+              if args.bits == 8 else "; PyTorch's int4 CPU kernel (_weight_int4pack_mm)")
+    print(f"quantised {len(spec['modules'])} linear layers to {what}{kernel}")
     for name in kept:
         layer = linears[name]
         if name.endswith("lm_head"):

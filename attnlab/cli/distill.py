@@ -66,12 +66,8 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
     elif arch == "decoder":
         if not args.text:
             raise UsageError("a language-model teacher is distilled on text: give --text")
-        tokenizer = type(teacher.tokenizer).__name__
-        if tokenizer != "CharTokenizer":
-            raise UsageError(f"{args.teacher}: distilling a language model reads --text with "
-                             f"the teacher's tokenizer; only character-level teachers are "
-                             f"supported, this one has a {tokenizer}")
-        inner = LMRecipe(args.text, args.block, args.batch)
+        block = args.block or teacher.config.context or 128
+        inner = LMRecipe(args.text, block, args.batch, given=teacher.tokenizer)
     else:
         raise UsageError(f"{args.teacher}: a {arch} model with head {teacher.config.head!r}; "
                          "distillation takes a classifier, a language model or a translator")
@@ -120,7 +116,8 @@ def _sequence_level(args: argparse.Namespace, teacher) -> None:
         valid = list(zip(read_lines(args.valid_src), read_lines(args.valid_tgt), strict=False))
     shared = src_tok if src_tok.to_dict() == tgt_tok.to_dict() else None
     corpus = Corpus(pairs, valid, "--valid-src/--valid-tgt" if valid else "no validation data")
-    train_config = _train_config(args, NoamSchedule(config.d_model, args.warmup, 1.0),
+    train_config = _train_config(args, NoamSchedule(config.d_model, args.warmup,
+                                                    args.lr_factor),
                                  max_tokens=args.max_tokens, label_smoothing=0.1, keep_last=2)
     done = run(TranslationRecipe(corpus, type(src_tok).__name__.removesuffix("Tokenizer")
                                  .lower(), type(tgt_tok).__name__.removesuffix("Tokenizer")
@@ -154,12 +151,16 @@ def add_subcommand(kinds) -> None:
     d.add_argument("--text-field", help="classifier teacher: field with the text")
     d.add_argument("--label-field", help="classifier teacher: field with the label")
     d.add_argument("--text", help="language-model teacher: a text file")
-    d.add_argument("--block", type=int, default=128, help="language model: tokens per window")
+    d.add_argument("--block", type=int,
+                   help="language model: tokens per window (default: the teacher's context)")
     d.add_argument("--src", help="translation teacher: the sources it translates")
     d.add_argument("--valid-src", help="translation: validation sources")
     d.add_argument("--valid-tgt", help="translation: validation references")
     d.add_argument("--beam", type=int, default=4, help="translation: the teacher's beam")
     d.add_argument("--max-tokens", type=int, default=4096, help="translation: tokens a batch")
+    d.add_argument("--lr-factor", type=float, default=1.0,
+                   help="translation: the factor of the warmup + inverse-square-root schedule "
+                        "(--warmup steps)")
     d.add_argument("--max-len", type=int, default=128, help="classifier: tokens per example")
     d.add_argument("--batch", type=int, default=32, help="examples or windows per step")
     d.add_argument("--lr", type=float, default=1e-4, help="peak learning rate")

@@ -192,10 +192,13 @@ class LMRecipe(Recipe):
     tokenizer: str = "char"  # or "gpt2" with bpe_dir holding encoder.json and vocab.bpe
     bpe_dir: str | Path | None = None
     val_fraction: float = 0.1
+    given: Tokenizer | None = None  # a model's own tokenizer (a teacher's), instead of a new one
 
     def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
         text = read_text(self.text)
-        if self.tokenizer == "char":
+        if self.given is not None:
+            tok = self.given
+        elif self.tokenizer == "char":
             tok: Tokenizer = CharTokenizer.train([text])
         elif self.tokenizer == "gpt2":
             if not self.bpe_dir:
@@ -205,6 +208,8 @@ class LMRecipe(Recipe):
             tok = BPETokenizer.from_gpt2_files(folder / "encoder.json", folder / "vocab.bpe")
         else:
             raise BadInput(f"unknown tokenizer {self.tokenizer!r} (char or gpt2)")
+        kind = (self.tokenizer if self.given is None
+                else type(tok).__name__.removesuffix("Tokenizer").lower())
         ids = torch.tensor(tok.encode(text), dtype=torch.long)
         split = int(len(ids) * (1 - self.val_fraction))
         train_ids, val_ids = ids[:split], ids[split:]
@@ -222,7 +227,7 @@ class LMRecipe(Recipe):
                         batches,
                         CausalLM(train_config.label_smoothing),
                         f"{len(train_ids):,} training and {len(val_ids):,} validation tokens "
-                        f"({self.tokenizer} tokenizer, vocabulary {tok.vocab_size})",
+                        f"({kind} tokenizer, vocabulary {tok.vocab_size})",
                         val_batches=eval_windows(val_ids, self.block, self.batch_size))
 
 

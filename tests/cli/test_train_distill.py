@@ -10,7 +10,7 @@ import torch
 
 from attnlab import ModelConfig, build_model, load
 from attnlab.storage import save_model_dir
-from attnlab.tokenizers import CharTokenizer, WordPieceTokenizer
+from attnlab.tokenizers import BPETokenizer, CharTokenizer, WordPieceTokenizer
 from tests.cli.helpers import assert_bad_input, cli
 
 WORDS = "spam offer win money free prize hello meeting lunch report friday team".split()
@@ -56,9 +56,12 @@ def test_a_classifier_student_from_teacher_layers(classifier_teacher, tmp_path, 
         "ham", "spam"]
 
 
-def test_a_language_model_student_from_a_preset(tmp_path, capsys):
-    text = "the cat sat on the mat. " * 30
-    tok = CharTokenizer.train([text])
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_a_language_model_student_from_a_preset(kind, tmp_path, capsys):
+    """The student reads the text with the teacher's own tokenizer, whatever its kind."""
+    text = "the cat sat on the mat. the dog sat on the log. " * 30
+    tok = (CharTokenizer.train([text]) if kind == "char"
+           else BPETokenizer.train([text], vocab_size=300, min_frequency=1))
     config = ModelConfig.from_preset("gpt-mini", vocab_size=tok.vocab_size, d_model=32,
                                      n_heads=2, d_ff=64, n_decoder_layers=2, max_len=64)
     teacher = save_model_dir(tmp_path / "t", build_model(config), config,
@@ -69,8 +72,11 @@ def test_a_language_model_student_from_a_preset(tmp_path, capsys):
             "--text", tmp_path / "text.txt", "--block", "16", "--batch", "4", "--steps", "4",
             "--eval-every", "2", "--out", tmp_path / "s", *FAST)
     assert r.code == 0, r.err
-    student = load(tmp_path / "s").model
-    assert student.config.d_model == 16 and student.config.vocab_size == tok.vocab_size
+    assert f"({kind} tokenizer, vocabulary {tok.vocab_size})" in r.out
+    loaded = load(tmp_path / "s")
+    assert loaded.model.config.d_model == 16
+    assert loaded.model.config.vocab_size == tok.vocab_size
+    assert loaded.tokenizer.encode(text) == tok.encode(text)
 
 
 def test_sequence_level_distillation_of_a_translator(translation_run, tmp_path, capsys):

@@ -107,3 +107,34 @@ def test_int4_model_keeps_the_files_codes_and_the_same_greedy_text(models):
     assert torch.equal(fours.argmax(-1)[sure], floats.argmax(-1)[sure])
     opening = tok.decode(generate(q, ids, 4)[0].tolist())  # four sure tokens, free-running
     assert opening == tok.decode(text[0, : n + 4].tolist()) and "Paris." in opening
+
+
+def test_evaluate_lm_on_the_gguf_file_equals_transformers_perplexity(models, tmp_path, capsys):
+    """``attnlab evaluate lm`` reading the GGUF file against Hugging Face's strided recipe on
+    transformers' model of the same file; the issue asks 0.1%."""
+    from tests.cli.helpers import cli
+
+    _, _, theirs, their_tok = models
+    text = ("The quick brown fox jumps over the lazy dog. It was the best of times, it was the "
+            "worst of times, it was the age of wisdom, it was the age of foolishness. ") * 3
+    (tmp_path / "t.txt").write_text(text)
+    ids = their_tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+    block, stride = 48, 32
+    nll, n, prev_end = 0.0, 0, 0
+    for begin in range(0, ids.shape[1], stride):
+        end = min(begin + block, ids.shape[1])
+        labels = ids[:, begin:end].clone()
+        labels[:, : -(end - prev_end)] = -100
+        scored = int((labels[:, 1:] != -100).sum())
+        with torch.no_grad():
+            nll += float(theirs(ids[:, begin:end], labels=labels).loss) * scored
+        n, prev_end = n + scored, end
+        if end == ids.shape[1]:
+            break
+    r = cli(capsys, "evaluate", "lm", "--model", os.path.join(FOLDER, NAME), "--text",
+            tmp_path / "t.txt", "--block", block, "--stride", stride, "--precision", "fp32",
+            "--device", "cpu")
+    assert r.code == 0, r.err
+    assert f"scored {n:,} tokens" in r.out
+    ours = float(r.out.strip().splitlines()[-1].removeprefix("perplexity: "))
+    assert ours == pytest.approx(torch.tensor(nll / n).exp().item(), rel=1e-3)
