@@ -178,7 +178,19 @@ def clf_worker(model: str, data: str, precision: str, batch: int, hf: bool = Fal
 
 
 # --- the table ------------------------------------------------------------------------------
-def lm_rows(out: Path, block: int, stride: int, new_tokens: int) -> list[str]:
+def bf16_skipped(with_bf16: bool) -> str | None:
+    """Why the bf16 rows are left out on this machine, or None: a CPU that emulates bf16 runs
+    it about 12x slower than fp32 (``--precision auto`` never picks it there), which would
+    take this benchmark from minutes to hours."""
+    from attnlab import hardware
+
+    bf16 = hardware.cpu_bf16()
+    return None if with_bf16 or bf16.native else f"bf16 rows left out: {bf16.reason} " \
+        "(--with-bf16 runs them anyway)"
+
+
+def lm_rows(out: Path, block: int, stride: int, new_tokens: int,
+            with_bf16: bool) -> list[str]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from fewshot import smollm2_hf_folder
 
@@ -191,7 +203,9 @@ def lm_rows(out: Path, block: int, stride: int, new_tokens: int) -> list[str]:
     with gzip.open(DATA / "multi30k" / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts[1].write_text(f.read(), encoding="utf-8")
     texts = [str(t) for t in texts]
-    variants = {"fp32": (str(hf), "fp32"), "bf16": (str(hf), "bf16")}
+    variants = {"fp32": (str(hf), "fp32")}
+    if not bf16_skipped(with_bf16):
+        variants["bf16"] = (str(hf), "bf16")
     for bits in (8, 4, 2):
         folder = out / f"smollm2-int{bits}"
         if not (folder / "model.safetensors").exists():
@@ -232,9 +246,12 @@ def lm_rows(out: Path, block: int, stride: int, new_tokens: int) -> list[str]:
     return lines
 
 
-def spam_rows(out: Path, spam_run: str, student_run: str | None, batch: int) -> list[str]:
+def spam_rows(out: Path, spam_run: str, student_run: str | None, batch: int,
+              with_bf16: bool) -> list[str]:
     data = str(DATA / "spam" / "emails.jsonl.gz")
-    variants = {"full (fp32)": (spam_run, "fp32"), "full (bf16)": (spam_run, "bf16")}
+    variants = {"full (fp32)": (spam_run, "fp32")}
+    if not bf16_skipped(with_bf16):
+        variants["full (bf16)"] = (spam_run, "bf16")
     q = out / "spam-int8-dynamic"
     if not (q / "model.safetensors").exists():
         cli("quantize", "--model", spam_run, "--bits", 8, "--activations", "dynamic", "--out", q)
@@ -267,10 +284,13 @@ def spam_rows(out: Path, spam_run: str, student_run: str | None, batch: int) -> 
     return lines
 
 
-def translate_rows(out: Path, translator: str, student: str | None) -> list[str]:
+def translate_rows(out: Path, translator: str, student: str | None,
+                   with_bf16: bool) -> list[str]:
     src = DATA / "multi30k" / "test_2016_flickr.de.gz"
     ref = DATA / "multi30k" / "test_2016_flickr.en.gz"
-    variants = {"fp32": (translator, "fp32"), "bf16": (translator, "bf16")}
+    variants = {"fp32": (translator, "fp32")}
+    if not bf16_skipped(with_bf16):
+        variants["bf16"] = (translator, "bf16")
     q = out / "translator-int8"
     if not (q / "model.safetensors").exists():
         cli("quantize", "--model", translator, "--bits", 8, "--out", q)
@@ -304,6 +324,8 @@ def main() -> None:
     p.add_argument("--translator", default=str(ROOT / "runs" / "multi30k" / "runs" / "m30k"))
     p.add_argument("--translator-student")
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--with-bf16", action="store_true",
+                   help="measure the bf16 rows even where the CPU emulates bf16")
     args = p.parse_args()
     if args.worker:
         fn = {"lm": lm_worker, "hf-lm": hf_lm_worker, "clf": clf_worker}[args.worker]
@@ -321,12 +343,18 @@ def main() -> None:
     print(f"machine: {model} ({hardware.isa_summary(flags)}), {os.cpu_count()} CPUs, torch "
           f"{torch.__version__}, Python {platform.python_version()}\n")
     only = args.only or ["lm", "spam", "translate"]
+    skipped = bf16_skipped(args.with_bf16)
+    if skipped:
+        print(skipped + "\n")
     if "lm" in only:
-        print("\n".join(lm_rows(out, args.block, args.stride, args.new_tokens)) + "\n")
+        print("\n".join(lm_rows(out, args.block, args.stride, args.new_tokens,
+                                args.with_bf16)) + "\n")
     if "spam" in only and Path(args.spam_run).exists():
-        print("\n".join(spam_rows(out, args.spam_run, args.student_run, args.batch)) + "\n")
+        print("\n".join(spam_rows(out, args.spam_run, args.student_run, args.batch,
+                                   args.with_bf16)) + "\n")
     if "translate" in only and Path(args.translator).exists():
-        print("\n".join(translate_rows(out, args.translator, args.translator_student)) + "\n")
+        print("\n".join(translate_rows(out, args.translator, args.translator_student,
+                                        args.with_bf16)) + "\n")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ def _engine() -> str:
 def cmd_quantize(args: argparse.Namespace) -> None:
     import warnings
 
+    import torch
     from torch import nn
 
     from attnlab.compression.quantize import (
@@ -43,6 +44,7 @@ def cmd_quantize(args: argparse.Namespace) -> None:
         slow_here,
         write_spec,
     )
+    from attnlab.nn.quantized import float_dtype
     from attnlab.storage import load, save_model_dir
 
     check(args.bits, args.group, args.activations)
@@ -61,6 +63,8 @@ def cmd_quantize(args: argparse.Namespace) -> None:
     if slow:  # said where the model is made; every load of it says it again
         warnings.warn(slow, stacklevel=2)
     spec = quantize_model(model, args.bits, args.group, args.activations)
+    if args.activations != "dynamic":  # on disk in bf16 whatever this CPU runs them in
+        model.to(torch.bfloat16)
     kept = [n for n in linears if n not in spec["modules"]]
     folder = save_model_dir(args.out, model, loaded.config,
                             {k: t.to_dict() for k, t in loaded.tokenizers.items()},
@@ -69,7 +73,8 @@ def cmd_quantize(args: argparse.Namespace) -> None:
             2: f"int2 in groups of {args.group}"}[args.bits]
     kernel = ("; activations int8 per call, PyTorch's quantized::linear_dynamic on its "
               f"'{_engine()}' engine" if args.activations == "dynamic" else
-              "; PyTorch's _weight_int8pack_mm for a few rows, a bf16 GEMM for many"
+              "; PyTorch's _weight_int8pack_mm for a few rows, a "
+              f"{str(float_dtype()).removeprefix('torch.')} GEMM for many"
               if args.bits == 8 else "; PyTorch's int4 CPU kernel (_weight_int4pack_mm)")
     print(f"quantised {len(spec['modules'])} linear layers to {what}{kernel}")
     for name in kept:
@@ -84,7 +89,7 @@ def cmd_quantize(args: argparse.Namespace) -> None:
         print("note: PyTorch has no 2-bit kernel: the codes are stored at 2 bits and run "
               "through the 4-bit one (4 bits in memory, int4's speed)")
     rest = ("float32 (the dynamic int8 GEMM's input)" if args.activations == "dynamic"
-            else "bfloat16 (the kernels compute in bf16)")
+            else f"bfloat16, run in {str(float_dtype()).removeprefix('torch.')} on this CPU")
     print(f"the other weights (embeddings, norms) in {rest}")
     before = _size(Path(loaded.path))
     print(f"{_size(folder) / 2**20:,.1f} MiB on disk (from {before / 2**20:,.1f} MiB)")

@@ -7,8 +7,9 @@ codes, described by ``quantization.json``.
      "float" | "dynamic", "modules": ["blocks.layers.0.self_attn.q_proj", ...]}
 
 ``modules`` names the linear layers held as codes (:mod:`attnlab.nn.quantized` gives each
-one's tensors and its error bound); every other tensor is stored as the model computes it
-(bfloat16 beside 4- and 2-bit codes, float32 beside int8). Loading builds the float model from
+one's tensors and its error bound); every other tensor is stored in bfloat16 (float32 beside
+dynamic int8 activations) and run in ``nn.quantized.float_dtype()``, bfloat16 or float32 as
+the CPU runs faster. Loading builds the float model from
 ``config.json``, swaps exactly the named layers for empty integer ones, and loads the file
 into that: the same checks of shapes against the header as any folder, and nothing
 unpickled.
@@ -60,13 +61,15 @@ def slow_here(activations: str) -> str | None:
     if activations == "dynamic":
         fast = hardware.cpu_int8()
         what = "dynamic int8 activations"
+        cost = "the quantised model runs, but slower than float32 here"
     else:
         fast = hardware.cpu_bf16()
-        what = "integer weights compute in bf16"
+        what = "the integer kernels compute in bf16"
+        cost = ("decoding one token at a time reads fewer bytes and runs faster, but passes "
+                "over many tokens (prompts, scoring, encoders) run slower than float32 here")
     if fast.native:
         return None
-    return f"{what}, and this CPU has no fast path for it ({fast.reason}): the quantised model " \
-           "runs, but slower than float32 here"
+    return f"{what}, and this CPU has no fast path for it ({fast.reason}): {cost}"
 
 
 def write_spec(spec: dict):

@@ -164,7 +164,8 @@ def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 def load_gguf(path: str | os.PathLike, quantized: bool = False):
     """``(model, tokenizer)`` from a Llama GGUF file: weights dequantised to float32, or with
     ``quantized`` the Q4_1 matrices kept as 4-bit :class:`Int4Linear` layers and the rest in
-    bfloat16 (a file without Q4_1 matrices has its weights quantised by ``quantize``)."""
+    ``float_dtype()``, bfloat16 where the CPU runs it natively (a file without Q4_1 matrices
+    has its weights quantised by ``quantize``)."""
     path = Path(path)
     gguf, reader = _reader(path)
     config = gguf_config(reader, path)
@@ -234,9 +235,9 @@ def gguf_tokenizer(reader, config: ModelConfig, path: Path):
 
 def _with_int4(model: GPT, layers: dict[str, tuple]) -> GPT:
     """Swap the named ``...weight`` linears for :class:`Int4Linear` built from their codes."""
-    from attnlab.nn.quantized import Int4Linear
+    from attnlab.nn.quantized import Int4Linear, float_dtype
 
-    model = model.to(torch.bfloat16)
+    model = model.to(float_dtype())
     for name, (codes, scale, minimum) in layers.items():
         parent_name, child = name.removesuffix(".weight").rsplit(".", 1)
         setattr(model.get_submodule(parent_name), child,

@@ -15,7 +15,7 @@ import torch
 
 from attnlab import ModelConfig, build_model, load
 from attnlab.compression.quantize import SPEC_FILE, quantize_model
-from attnlab.nn.quantized import Int4Linear, Int8Linear
+from attnlab.nn.quantized import Int4Linear, Int8Linear, float_dtype
 from attnlab.storage import save_model_dir
 from attnlab.tokenizers import CharTokenizer
 from tests.cli.helpers import assert_bad_input, cli
@@ -104,10 +104,40 @@ def test_quantised_folders_round_trip_through_load(trained, tmp_path, capsys, bi
     loaded = load(tmp_path / "q")
     q = copy.deepcopy(model)
     quantize_model(q, bits, 32)
+    for m in q.modules():  # the float weights are stored in bf16 (the codes' own are kept)
+        if not isinstance(m, (Int8Linear, Int4Linear)):
+            for p in m.parameters(recurse=False):
+                p.data = p.data.to(torch.bfloat16).to(float_dtype())
     assert torch.equal(logits(loaded.model, ids), logits(q, ids))  # the codes, exactly
     # smaller on disk: codes, scales, zeros; the embedding stays float
     size = (tmp_path / "q" / "model.safetensors").stat().st_size
     assert size < (folder / "model.safetensors").stat().st_size * {8: 0.5, 4: 0.4, 2: 0.35}[bits]
+
+
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_the_float_parts_run_in_the_cpus_fast_precision_and_slowness_is_said(
+        trained, tmp_path, capsys, monkeypatch, native):
+    """Where bf16 is emulated the layers around the integer kernels run in float32 and every
+    load says that many-token passes are slower than float32; where it is native, bf16 and no
+    warning. Either way the folder on disk is the same."""
+    import warnings
+
+    folder, *_ = trained
+    monkeypatch.setenv("ATTNLAB_NATIVE_BF16", native)
+    assert cli(capsys, "quantize", "--model", folder, "--bits", "4", "--out",
+               tmp_path / "q").code == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load(tmp_path / "q")
+    said = [str(w.message) for w in caught if "no fast path" in str(w.message)]
+    assert len(said) == (native == "0")
+    assert all("slower than float32" in m and "ATTNLAB_NATIVE_BF16=0" in m for m in said)
+    want = torch.bfloat16 if native == "1" else torch.float32
+    assert float_dtype() == want and loaded.model.embed.weight.dtype == want
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "q" / "model.safetensors", "pt") as f:
+        assert f.get_slice("embed.weight").get_dtype() == "BF16"
 
 
 def test_a_quantised_folder_runs_in_the_commands(trained, tmp_path, capsys):

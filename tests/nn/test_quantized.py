@@ -9,7 +9,14 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.generation import generate
 from attnlab.models import GPT
-from attnlab.nn.quantized import Int4Linear, Int8Linear, pack_codes, quantize, unpack_codes
+from attnlab.nn.quantized import (
+    Int4Linear,
+    Int8Linear,
+    float_dtype,
+    pack_codes,
+    quantize,
+    unpack_codes,
+)
 
 BF16 = torch.bfloat16
 
@@ -61,7 +68,7 @@ def test_shapes_the_kernel_cannot_tile_are_refused_and_skipped():
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 24))
     quantize(model, bits=4)
     assert isinstance(model[0], Int4Linear) and isinstance(model[1], nn.Linear)
-    assert model[1].weight.dtype == BF16
+    assert model[1].weight.dtype == float_dtype()  # runs in the CPU's fast float
 
 
 def test_quantize_int4_gpt_computes_the_float_model_of_its_dequantised_weights():
@@ -165,14 +172,25 @@ def test_codes_read_back_and_pack_portably(bits):
 
 
 def test_dynamic_int8_activations_quantise_x_per_call():
-    """``quantized::linear_dynamic``: x on an asymmetric 8-bit grid from its own min/max, an
-    int8 GEMM, float out; within a step of x times the weights' row sums of |W|."""
+    """``quantized::linear_dynamic``: x on an asymmetric 8-bit grid from its own min/max (7-bit
+    on x86 without VNNI), an int8 GEMM, float out; within a step of x times the weights' row
+    sums of |W|."""
     torch.manual_seed(0)
     lin = nn.Linear(64, 32)
     layer = Int8Linear.from_linear(lin, activations="dynamic")
     x = torch.randn(6, 64)
     exact = x @ layer.weight.t() + lin.bias.detach()
-    step = float(x.max() - x.min()) / 255
+    step = float(x.max() - x.min()) / (127 if layer.reduce_range else 255)
     bound = step / 2 * layer.weight.abs().sum(1) + 1e-5
     assert ((layer(x) - exact).abs() <= bound).all()
     assert not torch.equal(layer(x), exact)  # the activations really are quantised
+
+
+@pytest.mark.parametrize("vnni", ["0", "1"])
+def test_dynamic_int8_reduces_range_without_vnni(vnni, monkeypatch):
+    """Without VNNI an x86 engine gets 7-bit activations; the bound above holds either way on
+    the CPU the tests run on, and the flag follows the CPU's int8 support."""
+    monkeypatch.setenv("ATTNLAB_NATIVE_INT8", vnni)
+    layer = Int8Linear.from_linear(nn.Linear(8, 4), activations="dynamic")
+    x86 = torch.backends.quantized.engine in ("fbgemm", "x86", "onednn")
+    assert layer.reduce_range == (x86 and vnni == "0")
