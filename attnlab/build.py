@@ -57,6 +57,29 @@ def skeleton(config: ModelConfig) -> nn.Module:
         return build_model(config)
 
 
+def materialize(model: nn.Module) -> nn.Module:
+    """A ``meta`` model (:func:`skeleton`) given uninitialised CPU storage and its computed
+    buffers (position tables) remade, ready for every weight to be loaded into it: no random
+    initialisation, and a quantised folder never holds the float model in memory."""
+    from attnlab.nn.positional import PositionalEncoding
+
+    first, ties = {}, []  # to_empty gives each module its own tensors: tied weights untie
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                if id(p) in first:
+                    ties.append((module, name, first[id(p)]))
+                else:
+                    first[id(p)] = (module, name)
+    model.to_empty(device="cpu")
+    for module, name, (owner, owner_name) in ties:
+        setattr(module, name, getattr(owner, owner_name))
+    for module in model.modules():
+        if isinstance(module, PositionalEncoding):
+            module.reset_buffers()
+    return model
+
+
 def parameters_of(config: ModelConfig) -> int:
     """The parameter count of ``build_model(config)``, without building its layers."""
     def count(n_enc: int, n_dec: int) -> int:

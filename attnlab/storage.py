@@ -254,7 +254,6 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 def load_model_dir(path: str | os.PathLike):
     """``(model, config, tokenizers)`` from a model, checkpoint or run folder, in eval mode."""
     from attnlab import build
-    from attnlab.build import build_model
 
     folder = resolve_model_dir(path)
     config = read_config(folder)
@@ -272,9 +271,9 @@ def load_model_dir(path: str | os.PathLike):
         quantized.apply_spec(skeleton, spec, folder / quantized.SPEC_FILE)
     build.check_shapes(build.expected_shapes(skeleton), build.safetensors_shapes([weights]),
                        weights)
-    model = build_model(config)
+    model = build.materialize(skeleton)  # every tensor is read from the file next
     if spec is not None:
-        quantized.apply_spec(model, spec, folder / quantized.SPEC_FILE)
+        quantized.warn_if_slow(spec, folder / quantized.SPEC_FILE)
     load_weights(model, folder)
     tok_path = folder / "tokenizers.json"
     try:

@@ -256,6 +256,12 @@ def spam_rows(out: Path, spam_run: str, student_run: str | None, batch: int,
     if not (q / "model.safetensors").exists():
         cli("quantize", "--model", spam_run, "--bits", 8, "--activations", "dynamic", "--out", q)
     variants["int8, dynamic activations"] = (str(q), "fp32")
+    for bits in (8, 4):  # weight-only
+        q = out / f"spam-int{bits}"
+        if not (q / "model.safetensors").exists():
+            cli("quantize", "--model", spam_run, "--bits", bits, "--group", 32, "--out", q)
+        variants[f"int{bits}" + (" (g32)" if bits == 4 else "") + ", weights only"] = (
+            str(q), "fp32")
     p = out / "spam-heads-0.5"
     if not (p / "model.safetensors").exists():
         cli("prune", "--model", spam_run, "--heads", 0.5, "--data", data, "--text-field",
@@ -291,10 +297,11 @@ def translate_rows(out: Path, translator: str, student: str | None,
     variants = {"fp32": (translator, "fp32")}
     if not bf16_skipped(with_bf16):
         variants["bf16"] = (translator, "bf16")
-    q = out / "translator-int8"
-    if not (q / "model.safetensors").exists():
-        cli("quantize", "--model", translator, "--bits", 8, "--out", q)
-    variants["int8"] = (str(q), "fp32")
+    for bits in (8, 4):  # a model trained in float: no codes in its past, unlike SmolLM2's
+        q = out / f"translator-int{bits}"
+        if not (q / "model.safetensors").exists():
+            cli("quantize", "--model", translator, "--bits", bits, "--group", 32, "--out", q)
+        variants[f"int{bits}" + ("" if bits == 8 else " (g32)")] = (str(q), "fp32")
     if student:
         variants["sequence-distilled student (fp32)"] = (student, "fp32")
     lines = ["| Multi30k translator | size (MiB) | BLEU, test_2016_flickr | decoding |",

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from attnlab import ModelConfig, build_model, hardware, save_pretrained
-from attnlab.build import check_affordable, parameters_of, skeleton
+from attnlab.build import check_affordable, materialize, parameters_of, skeleton
+from attnlab.config import PRESETS
 from attnlab.errors import BadInput
 from attnlab.storage import save_model_dir
 from attnlab.tokenizers import CharTokenizer
@@ -113,3 +114,35 @@ def test_a_long_context_small_model_still_loads(tmp_path):
     save_model_dir(tmp_path / "m", build_model(config), config,
                    {"text": CharTokenizer.train(["abc"]).to_dict()})
     assert load(tmp_path / "m").config.max_len == 16384
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_materialized_skeleton_is_the_built_model_but_for_its_weights(preset):
+    """``materialize(skeleton(c))``, what loading fills from a file: the same tensors, shapes,
+    dtypes and ties as ``build_model(c)``, and the same computed buffers (position tables),
+    which no file holds."""
+    full = ModelConfig.from_preset(preset)
+    small = {"d_model": 32, "n_heads": 4, "d_ff": 64,
+             "n_encoder_layers": min(full.n_encoder_layers, 1),
+             "n_decoder_layers": min(full.n_decoder_layers, 1)}
+    if full.num_kv_heads:
+        small["num_kv_heads"] = 2
+    if "image_size" not in PRESETS[preset]:
+        small.update(vocab_size=40, max_len=16)
+    config = ModelConfig.from_preset(preset, **small)
+    built, made = build_model(config), materialize(skeleton(config))
+
+    def sharing(model):
+        ids = {}
+        return [ids.setdefault(id(p), len(ids)) for _, p in
+                model.named_parameters(remove_duplicate=False)]
+
+    assert sharing(made) == sharing(built)  # tied weights stay tied
+    state = dict(built.named_buffers())
+    for name, t in [*made.named_parameters(), *made.named_buffers()]:
+        ref = dict(built.named_parameters()).get(name, state.get(name))
+        assert t.device.type == "cpu" and t.shape == ref.shape and t.dtype == ref.dtype, name
+    persistent = set(built.state_dict())
+    for name, t in made.named_buffers():
+        if name not in persistent:
+            assert torch.equal(t, state[name]), name

@@ -72,6 +72,13 @@ def slow_here(activations: str) -> str | None:
     return f"{what}, and this CPU has no fast path for it ({fast.reason}): {cost}"
 
 
+def warn_if_slow(spec: dict, where: str | Path) -> None:
+    """Say (a warning naming ``where``) when the folder's model runs slowly on this CPU."""
+    slow = slow_here(spec["activations"])
+    if slow:
+        warnings.warn(f"{where}: {slow}", stacklevel=3)
+
+
 def write_spec(spec: dict):
     """A writer for ``save_model_dir``'s ``extra_files``."""
     return lambda path: Path(path).write_text(json.dumps(spec, indent=1))
@@ -104,10 +111,6 @@ def apply_spec(model: nn.Module, spec: dict, where: str | Path) -> nn.Module:
     if unknown:
         raise BadInput(f"{where}: quantised layer {unknown[0]!r} is not a linear layer of the "
                        "model config.json describes")
-    if not next(model.parameters()).is_meta:
-        slow = slow_here(spec["activations"])
-        if slow:
-            warnings.warn(f"{where}: {slow}", stacklevel=3)
     done = quantize(model, spec["bits"], spec["group_size"], spec["activations"], skip=(),
                     skeleton=True, only=set(spec["modules"]))
     if len(done) != len(spec["modules"]):
@@ -118,4 +121,4 @@ def apply_spec(model: nn.Module, spec: dict, where: str | Path) -> nn.Module:
 
 
 __all__ = ["FORMAT", "SPEC_FILE", "apply_spec", "check", "quantize_model", "read_spec",
-           "slow_here", "write_spec"]
+           "slow_here", "warn_if_slow", "write_spec"]

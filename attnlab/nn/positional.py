@@ -48,6 +48,10 @@ class PositionalEncoding(nn.Module):
         """
         return None
 
+    def reset_buffers(self) -> None:
+        """(Re)compute the buffers that are functions of the constructor's arguments, never
+        stored in a checkpoint: after ``to_empty`` on a model built on the ``meta`` device."""
+
 
 class NoPositionalEncoding(PositionalEncoding):
     """No position information at all (the model is then permutation-equivariant)."""
@@ -82,7 +86,12 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
 
     def __init__(self, d_model: int, max_len: int = 5000, split: bool = False):
         super().__init__()
+        self._args = (max_len, d_model, split)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
         # persistent=False: a function of (max_len, d_model), so it never goes in a checkpoint.
+        max_len, d_model, split = self._args
         self.register_buffer("pe", sinusoidal_table(max_len, d_model, split=split),
                              persistent=False)
 
@@ -123,6 +132,11 @@ class RotaryPositionalEncoding(PositionalEncoding):
         super().__init__()
         if d_k % 2:
             raise BadInput(f"RoPE needs an even head dimension, got d_k={d_k}")
+        self._args = (d_k, max_len, base)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        d_k, max_len, base = self._args
         inv_freq = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
         angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, d_k/2)
         angles = torch.cat([angles, angles], dim=-1)
@@ -168,7 +182,11 @@ class ALiBiPositionalEncoding(PositionalEncoding):
 
     def __init__(self, n_heads: int):
         super().__init__()
-        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+        self.n_heads = n_heads
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
 
     def attention_bias(self, q_pos: Tensor, k_len: int) -> Tensor:
         k_pos = q_pos[..., -1:] - (k_len - 1) + torch.arange(k_len, device=q_pos.device)

@@ -18,6 +18,7 @@ from attnlab import ModelConfig, build_model, save_pretrained
 from attnlab.storage import save_model_dir
 from attnlab.tokenizers import BPETokenizer
 from tests.cli.helpers import assert_bad_input, cli
+from tests.perplexity import strided_nll
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\n"
@@ -50,19 +51,7 @@ def transformers_perplexity(folder, text: str, block: int, stride: int) -> tuple
     model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     ids = torch.tensor([Tokenizer.from_file(str(folder / "tokenizer.json")).encode(
         text, add_special_tokens=False).ids])
-    nll, n, prev_end = 0.0, 0, 0
-    for begin in range(0, ids.shape[1], stride):
-        end = min(begin + block, ids.shape[1])
-        x = ids[:, begin:end]
-        labels = x.clone()
-        labels[:, : -(end - prev_end)] = -100
-        scored = int((labels[:, 1:] != -100).sum())  # the loss shifts labels by one
-        with torch.no_grad():
-            nll += float(model(x, labels=labels).loss) * scored
-        n += scored
-        prev_end = end
-        if end == ids.shape[1]:
-            break
+    nll, n = strided_nll(model, ids, block, stride)
     return math.exp(nll / n), ids.shape[1]
 
 

@@ -113,6 +113,7 @@ def test_evaluate_lm_on_the_gguf_file_equals_transformers_perplexity(models, tmp
     """``attnlab evaluate lm`` reading the GGUF file against Hugging Face's strided recipe on
     transformers' model of the same file; the issue asks 0.1%."""
     from tests.cli.helpers import cli
+    from tests.perplexity import strided_nll
 
     _, _, theirs, their_tok = models
     text = ("The quick brown fox jumps over the lazy dog. It was the best of times, it was the "
@@ -120,17 +121,7 @@ def test_evaluate_lm_on_the_gguf_file_equals_transformers_perplexity(models, tmp
     (tmp_path / "t.txt").write_text(text)
     ids = their_tok(text, return_tensors="pt", add_special_tokens=False).input_ids
     block, stride = 48, 32
-    nll, n, prev_end = 0.0, 0, 0
-    for begin in range(0, ids.shape[1], stride):
-        end = min(begin + block, ids.shape[1])
-        labels = ids[:, begin:end].clone()
-        labels[:, : -(end - prev_end)] = -100
-        scored = int((labels[:, 1:] != -100).sum())
-        with torch.no_grad():
-            nll += float(theirs(ids[:, begin:end], labels=labels).loss) * scored
-        n, prev_end = n + scored, end
-        if end == ids.shape[1]:
-            break
+    nll, n = strided_nll(theirs, ids, block, stride)
     r = cli(capsys, "evaluate", "lm", "--model", os.path.join(FOLDER, NAME), "--text",
             tmp_path / "t.txt", "--block", block, "--stride", stride, "--precision", "fp32",
             "--device", "cpu")
