@@ -9,10 +9,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # An AVX2-only CPU (no AVX-512, no AMX, no native bf16), what most laptops are, emulated on
-# any x86 machine: ATen's and oneDNN's kernels limited to AVX2, attnlab's bf16 detection off.
+# any x86 machine: ATen's and oneDNN's kernels limited to AVX2, attnlab's bf16 and VNNI
+# detection off (dynamic int8 activations then take 7 bits, as without VNNI).
 # torch.compile's kernel cache does not tell ISA settings apart, so the emulated run keeps its
 # own (reusing kernels built for AVX-512 gave wrong results, even NaN, under the emulation).
-AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATTNLAB_NATIVE_BF16=0 \
+AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATTNLAB_NATIVE_BF16=0 ATTNLAB_NATIVE_INT8=0 \
 	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2
 
 .PHONY: test test-avx2 fuzz demo venv lint clean

@@ -75,8 +75,11 @@ def materialize(model: nn.Module) -> nn.Module:
     for module, name, (owner, owner_name) in ties:
         setattr(module, name, getattr(owner, owner_name))
     for module in model.modules():
-        if isinstance(module, PositionalEncoding):
+        if isinstance(module, PositionalEncoding):  # remade as built, then cast as the model was
+            dtypes = {name: b.dtype for name, b in module.named_buffers(recurse=False)}
             module.reset_buffers()
+            for name, dtype in dtypes.items():
+                setattr(module, name, getattr(module, name).to(dtype))
     return model
 
 

@@ -66,7 +66,10 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
     elif arch == "decoder":
         if not args.text:
             raise UsageError("a language-model teacher is distilled on text: give --text")
-        block = args.block or teacher.config.context or 128
+        context = teacher.config.context
+        if args.block and args.block > context:
+            raise UsageError(f"--block {args.block}: the teacher sees at most {context} tokens")
+        block = args.block or min(context, 128)
         inner = LMRecipe(args.text, block, args.batch, given=teacher.tokenizer)
     else:
         raise UsageError(f"{args.teacher}: a {arch} model with head {teacher.config.head!r}; "
@@ -152,7 +155,8 @@ def add_subcommand(kinds) -> None:
     d.add_argument("--label-field", help="classifier teacher: field with the label")
     d.add_argument("--text", help="language-model teacher: a text file")
     d.add_argument("--block", type=int,
-                   help="language model: tokens per window (default: the teacher's context)")
+                   help="language model: tokens per window (default: 128, or the teacher's "
+                        "context if shorter)")
     d.add_argument("--src", help="translation teacher: the sources it translates")
     d.add_argument("--valid-src", help="translation: validation sources")
     d.add_argument("--valid-tgt", help="translation: validation references")

@@ -9,10 +9,10 @@ codes, described by ``quantization.json``.
 ``modules`` names the linear layers held as codes (:mod:`attnlab.nn.quantized` gives each
 one's tensors and its error bound); every other tensor is stored in bfloat16 (float32 beside
 dynamic int8 activations) and run in ``nn.quantized.float_dtype()``, bfloat16 or float32 as
-the CPU runs faster. Loading builds the float model from
-``config.json``, swaps exactly the named layers for empty integer ones, and loads the file
-into that: the same checks of shapes against the header as any folder, and nothing
-unpickled.
+the CPU runs faster. Loading builds the model ``config.json`` describes on the ``meta``
+device, swaps exactly the named layers for empty integer ones, gives it storage
+(``build.materialize``: the float model never exists) and loads the file into that: the
+same checks of shapes against the header as any folder, and nothing unpickled.
 """
 
 from __future__ import annotations

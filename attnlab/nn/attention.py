@@ -66,6 +66,8 @@ def scaled_dot_product_attention(
         # SDPA's own is_causal is top-left aligned and exclusive with attn_mask: spell it out.
         mask = combine_masks(mask, causal_mask(q_len, k_len, q.device))
         is_causal = False
+    if bias is not None and bias.dtype != q.dtype:  # ALiBi's float32 distances, bf16 queries
+        bias = bias.to(q.dtype)
     if need_weights:
         return _explicit(q, k, v, mask, bias, dropout_p)
     if _composed_is_faster(q, k_len):

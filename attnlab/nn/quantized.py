@@ -8,8 +8,9 @@ dequantised ``Ŵ`` never materialised:
 
       Ŵ[o, i] = s[o] · q[o, i],   q ∈ {−127, …, 127},   s[o] = max_i |W[o, i]| / 127
 
-  so ``|W − Ŵ| ≤ s[o] / 2``. It runs in bfloat16: PyTorch's ``_weight_int8pack_mm`` for a few
-  rows (decoding), a bf16 GEMM on ``Ŵ`` for many; or, with ``activations="dynamic"``, in
+  so ``|W − Ŵ| ≤ s[o] / 2``. PyTorch's ``_weight_int8pack_mm`` in bfloat16 for a few rows
+  (decoding; 3x slower with float32 input, even where bf16 is emulated), a GEMM on ``Ŵ`` in
+  :func:`float_dtype` for many; or, with ``activations="dynamic"``, in
   float32 through the quantised-engine GEMM
   ``quantized::linear_dynamic`` (fbgemm or oneDNN on x86, QNNPACK on ARM): each call
   quantises ``x`` to 8 bits with its own range and multiplies int8 by int8, which is where

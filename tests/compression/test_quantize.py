@@ -210,3 +210,37 @@ def test_a_damaged_spec_is_one_line(trained, tmp_path, capsys, change, message):
     path.write_text(json.dumps(change(json.loads(path.read_text()))))
     r = cli(capsys, "evaluate", "lm", "--model", tmp_path / "q", "--text", path)
     assert re.search(message, assert_bad_input(r, str(tmp_path / "q")))
+
+
+@pytest.mark.parametrize("positional", ["alibi", "rope", "learned"])
+def test_a_quantised_folder_loads_where_bf16_is_native(tmp_path, monkeypatch, positional):
+    """With bf16 around the kernels, the position tables a load recomputes are cast like the
+    rest of the model (an ALiBi bias left in float32 broke the bf16 attention), and the loaded
+    model runs a plain forward, outside autocast."""
+    monkeypatch.setenv("ATTNLAB_NATIVE_BF16", "1")
+    tok = CharTokenizer.train([TEXT])
+    config = ModelConfig.from_preset("gpt-mini", vocab_size=tok.vocab_size, d_model=64,
+                                     n_heads=4, d_ff=128, n_decoder_layers=1, max_len=64,
+                                     positional=positional)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    ids = torch.tensor([tok.encode(TEXT[:40])])
+    with torch.no_grad():
+        q = copy.deepcopy(model)
+        quantize_model(q, 4, 32)
+        save_model_dir(tmp_path / "q", q, config, {"text": tok.to_dict()},
+                       extra_files={SPEC_FILE: lambda p: p.write_text(json.dumps(
+                           {"format": "attnlab-quantized", "bits": 4, "group_size": 32,
+                            "activations": "float", "modules": quantized_names(q)}))})
+        loaded = load(tmp_path / "q").model
+        tables = list(loaded.blocks.positional.buffers()) if hasattr(
+            loaded.blocks, "positional") else []
+        tables += list(loaded.positional.buffers()) if hasattr(loaded, "positional") else []
+        assert all(t.dtype == torch.bfloat16 for t in tables)
+        out = loaded(ids)
+        assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+        assert torch.equal(out, q(ids))
+
+
+def quantized_names(model) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, (Int8Linear, Int4Linear))]
