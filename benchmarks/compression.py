@@ -49,6 +49,12 @@ def size_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in Path(path).rglob("*.safetensors")) / 2**20
 
 
+def final_folder(model: str | Path) -> Path:
+    """The weights a run folder means (its ``final/``), or the folder itself."""
+    folder = Path(model)
+    return folder / "final" if (folder / "final").exists() else folder
+
+
 def worker(kind: str, **kw) -> dict:
     """Run one measurement in a fresh process; its JSON result."""
     args = [PYTHON, __file__, "--worker", kind, "--json", json.dumps(kw)]
@@ -277,11 +283,11 @@ def spam_rows(out: Path, spam_run: str, student_run: str | None, batch: int,
     lines = ["| MiniLM spam classifier | size (MiB) | peak memory (MiB) | test accuracy (Δ vs "
              "full) | examples/s at batch 32 (vs full fp32, vs transformers fp32) |",
              "|---|---|---|---|---|",
-             f"| transformers fp32 | {size_mib(Path(spam_run)):.0f} | {ref['peak_mib']:.0f} | "
+             f"| transformers fp32 | {size_mib(final_folder(spam_run)):.0f} | "
+             f"{ref['peak_mib']:.0f} | "
              f"{ref['accuracy']:.2%} | {ref['examples_per_s']:.1f} |"]
     for name, r in results.items():
-        folder = Path(variants[name][0])
-        folder = folder / "final" if (folder / "final").exists() else folder
+        folder = final_folder(variants[name][0])
         speed = r["examples_per_s"]
         lines.append(f"| attnlab {name} | {size_mib(folder):.0f} | {r['peak_mib']:.0f} | "
                      f"{r['accuracy']:.2%} ({(r['accuracy'] - base['accuracy']) * 100:+.2f} "
@@ -311,8 +317,7 @@ def translate_rows(out: Path, translator: str, student: str | None,
                    "--precision", precision, "--device", "cpu")
         bleu = next(ln for ln in text.splitlines() if ln.startswith("BLEU"))
         speed = next((ln for ln in text.splitlines() if "sentences/s" in ln), "")
-        folder = Path(model)
-        folder = folder / "final" if (folder / "final").exists() else folder
+        folder = final_folder(model)
         lines.append(f"| attnlab {name} | {size_mib(folder):.0f} | {bleu} | {speed.strip()} |")
     return lines
 
