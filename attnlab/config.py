@@ -19,12 +19,19 @@ from attnlab.errors import BadInput, MissingFile
 
 CHOICES = {
     "arch": ("encoder-decoder", "decoder", "encoder", "vision"),
-    "positional": ("sinusoidal", "sinusoidal-split", "learned", "rope", "alibi", "none"),
+    "positional": ("sinusoidal", "sinusoidal-split", "learned", "rope", "alibi", "relative",
+                   "none"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("post", "pre"),
-    "activation": ("relu", "gelu", "gelu_tanh", "silu", "swiglu"),
-    "head": ("none", "mlm", "pretraining", "classify", "tokens"),
+    "activation": ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"),
+    "head": ("none", "mlm", "pretraining", "classify", "tokens", "discriminator"),
 }
+GATED = ("swiglu", "geglu")  # activations with a gated third matrix: act(x·W₁) ⊙ x·W₃
+# HF's rope_scaling types (rope_parameters' "rope_type") and the fields each one needs
+ROPE_SCALING = {"linear": ("factor",), "dynamic": ("factor",),
+                "yarn": ("factor", "original_max_position_embeddings"),
+                "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
+                           "high_freq_factor")}
 
 
 # --- reading the JSON and text files users give ------------------------------------------
@@ -74,7 +81,9 @@ _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 _AT_LEAST = dict(vocab_size=1, tgt_vocab_size=1, d_model=1, n_heads=1, num_kv_heads=1, d_ff=1,
                  n_encoder_layers=0, n_decoder_layers=0, max_len=1, block_size=1, dropout=0.0,
                  attention_dropout=0.0, activation_dropout=0.0, norm_eps=0.0, num_labels=1,
-                 image_size=1, patch_size=1, num_channels=1)
+                 image_size=1, patch_size=1, num_channels=1, relative_buckets=2,
+                 relative_max_distance=1, sliding_window=1, head_dim=1, embedding_size=1,
+                 position_offset=0)
 _VISION_HEADS = ("classify", "none")  # the ViT's heads: logits from [CLS], or hidden states
 
 
@@ -120,6 +129,18 @@ class ModelConfig:
     block_size: int | None = None
     positional: str = "sinusoidal"
     rope_base: float = 10000.0
+    # RoPE for contexts longer than training, as HF's rope_scaling: {"rope_type": "linear" |
+    # "dynamic" | "yarn" | "llama3", "factor": ..., ...} (nn/positional.py gives each formula)
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    # T5's bucketed relative position bias (positional="relative"): buckets and the distance
+    # from which every bucket is logarithmic
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    # Mistral: query i attends keys j with i − W < j ≤ i (a band), decoded with a rolling cache
+    # of W entries per layer; None: the full causal context
+    sliding_window: int | None = None
+    head_dim: int | None = None  # d_k when h·d_k ≠ d_model (T5 v1.1); None: d_model / h
+    scale_attention: bool = True  # scores / √d_k; T5 folds the scale into its initialisation
     norm: str = "layernorm"
     norm_eps: float = 1e-5
     norm_placement: str = "post"
@@ -130,8 +151,17 @@ class ModelConfig:
     scale_embeddings: bool = True  # × √d_model (paper, section 3.4)
     tie_embeddings: bool = True  # source = target embedding = output projection (section 3.4)
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
+    scale_tied_logits: bool = False  # T5: logits = (h · d_model^-½) · Eᵀ with a tied head
     type_vocab_size: int = 0  # segment (token-type) embeddings, BERT's sentence A/B; 0: none
     embedding_norm: bool = False  # LayerNorm over the summed embeddings (BERT)
+    # factorised embeddings (ALBERT, ELECTRA): tokens embed in embedding_size dimensions, then a
+    # linear map lifts them to d_model; None: embeddings are d_model wide
+    embedding_size: int | None = None
+    share_layers: bool = False  # one layer's weights applied n times (ALBERT)
+    # RoBERTa: real tokens take positions position_offset, position_offset + 1, ... and pads
+    # take pad_id (position_offset = pad_id + 1); 0: positions 0, 1, ... for every token
+    position_offset: int = 0
+    pooler: bool = True  # BERT's tanh pooler over [CLS] (DistilBERT, ELECTRA: none)
     head: str = "none"  # encoder-only task head: mlm, pretraining (mlm + nsp), classify, tokens
     num_labels: int = 2  # classes of the classify / tokens heads
     # the Vision Transformer (arch="vision"): square images of image_size² pixels and
@@ -158,7 +188,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise BadInput(f"config field {name}={value!r}: expected one of {allowed}")
-        if self.d_model % self.n_heads:
+        if self.head_dim is None and self.d_model % self.n_heads:
             raise BadInput(
                 f"config: d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )
@@ -169,11 +199,39 @@ class ModelConfig:
         if self.positional == "rope" and self.d_k % 2:  # RoPE rotates pairs of dimensions
             raise BadInput(f"config: positional='rope' needs an even head width, got "
                            f"d_k = d_model / n_heads = {self.d_k}")
-        if self.arch == "encoder" and self.activation == "swiglu":
-            raise BadInput("config: activation='swiglu' is not supported by BERT (arch='encoder')")
+        if self.arch == "encoder" and self.activation in GATED:
+            raise BadInput(f"config: activation={self.activation!r} is not supported by BERT "
+                           "(arch='encoder')")
+        self._check_positions()
         if self.arch == "vision":
             self._check_vision()
         self._check_pruned_heads()
+
+    def _check_positions(self) -> None:
+        """rope_scaling only with RoPE, with a known type and its fields; a sliding window only
+        for a decoder whose positions need no score bias of their own."""
+        if self.rope_scaling:
+            kind = self.rope_scaling.get("rope_type") if isinstance(self.rope_scaling, dict) \
+                else None
+            if self.positional != "rope":
+                raise BadInput(f"config: rope_scaling needs positional='rope', got "
+                               f"{self.positional!r}")
+            if kind not in ROPE_SCALING:
+                raise BadInput(f"config field rope_scaling: rope_type={kind!r}, expected one of "
+                               f"{tuple(ROPE_SCALING)}")
+            for name in ROPE_SCALING[kind]:
+                value = self.rope_scaling.get(name)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                        or not value > 0:
+                    raise BadInput(f"config field rope_scaling: {kind} needs a positive "
+                                   f"{name}, got {value!r}")
+        if self.sliding_window is not None and (self.arch != "decoder"
+                                                or self.positional in ("alibi", "relative")):
+            raise BadInput(f"config: sliding_window is for decoders without a score bias, got "
+                           f"arch={self.arch!r}, positional={self.positional!r}")
+        if self.positional == "relative" and self.arch not in ("encoder-decoder", "encoder"):
+            raise BadInput(f"config: positional='relative' (T5) is for encoders and "
+                           f"encoder-decoders, got arch={self.arch!r}")
 
     def _check_pruned_heads(self) -> None:
         if not isinstance(self.pruned_heads, dict):
@@ -212,8 +270,8 @@ class ModelConfig:
 
     @property
     def d_k(self) -> int:
-        """Per-head width d_k = d_v = d_model / h."""
-        return self.d_model // self.n_heads
+        """Per-head width d_k = d_v = d_model / h (``head_dim`` when given)."""
+        return self.d_model // self.n_heads if self.head_dim is None else self.head_dim
 
     @property
     def n_patches(self) -> int:
@@ -246,14 +304,19 @@ class ModelConfig:
         extrapolate and were not trained at a recorded length)."""
         if self.block_size is not None:
             return min(self.block_size, self.max_len)
-        return None if self.positional in ("alibi", "none") else self.max_len
+        return None if self.extrapolates else self.max_len
+
+    @property
+    def extrapolates(self) -> bool:
+        """Positions with no table to run out of: ALiBi, T5's relative bias, none."""
+        return self.positional in ("alibi", "relative", "none")
 
     def check_length(self, n_tokens: int, what: str = "sequence") -> None:
         """The max-length rule, the one place it lives: a sequence may hold at most
         ``max_len`` positions, the last one the positional encoding covers. ALiBi and no
         positional encoding extrapolate, so they have no such limit. The error reads
         "{what} of {n_tokens} tokens exceeds the model's context max_len=..."."""
-        if self.positional not in ("alibi", "none") and n_tokens > self.max_len:
+        if not self.extrapolates and n_tokens > self.max_len:
             raise BadInput(f"{what} of {n_tokens} tokens exceeds the model's context "
                            f"max_len={self.max_len}")
 
