@@ -421,3 +421,50 @@ PRESETS.update({
                  "max_len": 17, "dropout": 0.1, "num_labels": 10, "image_size": 8,
                  "patch_size": 2, "num_channels": 1},
 })
+
+# Mistral (Jiang et al., 2023): Llama with sliding-window attention, untied; Mistral-7B-v0.1,
+# and "mistral-tiny", a small model of its proportions (4 layers, a window of 256 positions)
+_MISTRAL = {**_LLAMA, "vocab_size": 32000, "d_model": 4096, "n_heads": 32, "num_kv_heads": 8,
+            "d_ff": 14336, "n_decoder_layers": 32, "max_len": 32768, "rope_base": 10000.0,
+            "sliding_window": 4096, "tie_embeddings": False, "pad_id": 0, "unk_id": 0,
+            "bos_id": 1, "eos_id": 2}
+PRESETS.update({
+    "mistral-7b": _MISTRAL,
+    "mistral-tiny": {**_MISTRAL, "d_model": 256, "n_heads": 4, "num_kv_heads": 2, "d_ff": 896,
+                     "n_decoder_layers": 4, "max_len": 1024, "sliding_window": 256},
+})
+
+# BERT's descendants, as configurations of the same model (attnlab.models.BERT):
+# RoBERTa (Liu et al., 2019): byte-level BPE ids, positions counted from pad_id + 1 (so 514
+# rows for 512 tokens), a one-row token-type table; ALBERT (Lan et al., 2020), albert-base-v2:
+# embeddings 128 wide lifted to 768, one layer shared by all 12, GELU's tanh form, no dropout;
+# DistilBERT (Sanh et al., 2019): 6 layers, no token types, no pooler; ELECTRA (Clark et al.,
+# 2020), the small discriminator: embeddings 128 wide projected to 256, no pooler.
+PRESETS.update({
+    "roberta-base": {**_BERT, "vocab_size": 50265, "max_len": 514, "type_vocab_size": 1,
+                     "norm_eps": 1e-5, "position_offset": 2, "pad_id": 1, "unk_id": 3,
+                     "bos_id": 0, "eos_id": 2},
+    "albert-base": {**_BERT, "vocab_size": 30000, "embedding_size": 128, "share_layers": True,
+                    "activation": "gelu_tanh", "dropout": 0.0, "attention_dropout": 0.0,
+                    "pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3},
+    "distilbert-base": {**_BERT, "n_encoder_layers": 6, "type_vocab_size": 0, "pooler": False},
+    "electra-small": {**_BERT, "embedding_size": 128, "d_model": 256, "n_heads": 4,
+                      "d_ff": 1024, "pooler": False},
+})
+
+# T5 (Raffel et al., 2020; attnlab.models.Transformer): pre-LN RMSNorm with a final norm, no
+# biases, no √d scale on the embeddings or 1/√d_k on the scores, a learned relative position
+# bias per stack, ReLU and a tied head scaled by d^-½ (v1.0); the shape of transformers'
+# T5Config() defaults, i.e. t5-small. Decoding starts from the pad id 0 and ends at eos 1.
+_T5 = dict(
+    arch="encoder-decoder", vocab_size=32128, d_model=512, n_heads=8, head_dim=64, d_ff=2048,
+    n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, attention_dropout=0.1,
+    activation_dropout=0.1, max_len=512, positional="relative", relative_buckets=32,
+    relative_max_distance=128, scale_attention=False, norm="rmsnorm", norm_eps=1e-6,
+    norm_placement="pre", final_norm=True, activation="relu", bias=False,
+    scale_embeddings=False, tie_embeddings=True, scale_tied_logits=True, pad_id=0, unk_id=2,
+    bos_id=0, eos_id=1,
+)
+PRESETS.update({
+    "t5-small": _T5,
+})

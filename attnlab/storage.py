@@ -144,12 +144,12 @@ def _load_hf(folder: Path) -> Loaded:
     model = from_pretrained(folder)
     c = model.config
     tokenizers: dict[str, Tokenizer] = {}
-    max_len = c.max_len
+    max_len = c.max_len - c.position_offset  # RoBERTa: its first real position is pad_id + 1
     if c.arch == "encoder" and ((folder / "tokenizer.json").exists()
                                 or (folder / "vocab.txt").exists()):
-        from attnlab.tokenizers.wordpiece import WordPieceTokenizer
+        from attnlab.tokenizers.wordpiece import encoder_tokenizer
 
-        tokenizers["text"] = WordPieceTokenizer.from_file(folder)
+        tokenizers["text"] = encoder_tokenizer(folder)
         st_config = folder / "sentence_bert_config.json"  # sentence-transformers' own limit
         if st_config.exists():
             limit = read_json(st_config).get("max_seq_length", max_len)

@@ -43,8 +43,18 @@ def cmd_info(args: argparse.Namespace) -> None:
         ("tied embeddings", config.tie_embeddings),
         ("max length", config.max_len),
     ]
+    if config.share_layers:  # ALBERT: the parameter table counts the one layer once
+        layers += ", one layer's weights shared by all"
+        rows[1] = ("layers", layers)
     if config.arch == "encoder":
-        rows += [("segment types", config.type_vocab_size), ("head", config.head)]
+        rows += [("segment types", config.type_vocab_size), ("pooler", config.pooler),
+                 ("head", config.head)]
+        if config.embedding_size:
+            rows.append(("embedding size", f"{config.embedding_size} (projected to "
+                                           f"{config.d_model})"))
+        if config.position_offset:  # RoBERTa
+            rows.append(("first position", f"{config.position_offset} (pads take "
+                                           f"{config.pad_id})"))
     if config.arch == "vision":  # pixels, not a vocabulary: the image and its patches instead
         side, p = config.image_size, config.patch_size
         rows = [r for r in rows if r[0] not in ("vocabulary", "tied embeddings", "max length")]

@@ -3,7 +3,9 @@
 from attnlab.interop import (  # noqa: F401  (register families)
     hf_bert,
     hf_decoders,
+    hf_encoders,
     hf_marian,
+    hf_t5,
     hf_vit,
 )
 from attnlab.interop.huggingface import FAMILIES, from_pretrained, save_pretrained

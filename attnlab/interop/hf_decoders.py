@@ -1,8 +1,13 @@
-"""GPT-2 and Llama as Hugging Face stores them, mapped onto attnlab's GPT."""
+"""GPT-2, Llama and Mistral as Hugging Face stores them, mapped onto attnlab's GPT.
+
+Llama's ``rope_scaling`` (``rope_parameters`` since transformers 5) is carried over as it is:
+linear, dynamic, yarn and llama3 (:mod:`attnlab.nn.rope_scaling`). Mistral is Llama with a
+``sliding_window``.
+"""
 
 from __future__ import annotations
 
-from attnlab.config import ModelConfig
+from attnlab.config import ROPE_SCALING, ModelConfig
 from attnlab.errors import BadInput
 from attnlab.interop.huggingface import (
     Family,
@@ -76,14 +81,51 @@ def gpt2_weights(c: ModelConfig):
     return rows
 
 
-def llama_to_config(hf: dict) -> ModelConfig:
+# the rope_parameters fields each scaling type reads (nn/rope_scaling.py); others are dropped
+_ROPE_FIELDS = ("rope_type", "factor", "original_max_position_embeddings", "low_freq_factor",
+                "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
+                "mscale_all_dim", "truncate")
+
+
+def rope_from_hf(hf: dict) -> tuple[float, dict, int]:
+    """``(rope_base, rope_scaling, max_len)`` from a config.json: transformers 5's
+    ``rope_parameters`` or the older ``rope_theta`` + ``rope_scaling`` (``type`` or
+    ``rope_type``). Dynamic NTK has no table to outgrow: its context is the trained one times
+    the factor, and the trained one is kept as ``original_max_position_embeddings``."""
+    params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    kind = params.get("rope_type", params.get("type", "default"))
+    base = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    max_len = hf.get("max_position_embeddings", 2048)
+    if kind == "default":
+        return base, {}, max_len
+    if kind not in ROPE_SCALING:
+        raise BadInput(f"rope_type={kind!r} is not supported (supported: default, "
+                       f"{', '.join(ROPE_SCALING)})")
+    scaling = {k: params[k] for k in _ROPE_FIELDS if params.get(k) is not None}
+    scaling["rope_type"] = kind
+    if kind == "yarn" and "factor" not in scaling and "original_max_position_embeddings" in params:
+        scaling["factor"] = max_len / params["original_max_position_embeddings"]
+    if kind in ("yarn", "llama3", "dynamic"):
+        scaling.setdefault("original_max_position_embeddings", max_len)
+    if kind == "dynamic":
+        max_len = int(max_len * float(scaling.get("factor", 1)))
+    return base, scaling, max_len
+
+
+def rope_to_hf(c: ModelConfig) -> dict:
+    """The inverse of :func:`rope_from_hf`: ``rope_parameters`` and ``max_position_embeddings``."""
+    scaling = dict(c.rope_scaling)
+    max_len = c.max_len
+    if scaling.get("rope_type") == "dynamic":
+        max_len = scaling.pop("original_max_position_embeddings")
+    return dict(rope_parameters={"rope_type": "default", **scaling, "rope_theta": c.rope_base},
+                max_position_embeddings=max_len)
+
+
+def llama_to_config(hf: dict, model_type: str = "llama") -> ModelConfig:
     hf = {**_LLAMA_DEFAULTS, **hf}
-    _require(hf, "hidden_act", ("silu",), "llama")
-    rope = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", scaling.get("rope_type", "default"))
-    if rope_type != "default":
-        raise BadInput(f"rope_type={rope_type!r} is not supported (only 'default')")
+    _require(hf, "hidden_act", ("silu",), model_type)
+    rope_base, rope_scaling, max_len = rope_from_hf(hf)
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
         raise BadInput("attention_bias and mlp_bias must agree "
                        f"(got {hf.get('attention_bias')!r} and {hf.get('mlp_bias')!r})")
@@ -97,14 +139,19 @@ def llama_to_config(hf: dict) -> ModelConfig:
         num_kv_heads=hf.get("num_key_value_heads") or heads, d_ff=hf["intermediate_size"],
         n_encoder_layers=0, n_decoder_layers=hf["num_hidden_layers"], dropout=0.0,
         attention_dropout=hf.get("attention_dropout", 0.0),
-        max_len=hf.get("max_position_embeddings", 2048), positional="rope",
-        rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), norm="rmsnorm",
+        max_len=max_len, positional="rope", rope_base=rope_base, rope_scaling=rope_scaling,
+        sliding_window=hf.get("sliding_window") if model_type == "mistral" else None,
+        norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6), norm_placement="pre", activation="swiglu",
         bias=bool(hf.get("attention_bias", False)), scale_embeddings=False,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         pad_id=hf.get("pad_token_id") or 0, bos_id=hf.get("bos_token_id", 1),
-        eos_id=_first(hf.get("eos_token_id", 2)), extra={"hf_model_type": "llama"},
+        eos_id=_first(hf.get("eos_token_id", 2)), extra={"hf_model_type": model_type},
     )
+
+
+def mistral_to_config(hf: dict) -> ModelConfig:
+    return llama_to_config(hf, "mistral")
 
 
 def _first(value):
@@ -112,13 +159,24 @@ def _first(value):
 
 
 def llama_from_config(c: ModelConfig) -> dict:
+    if c.sliding_window is not None:
+        raise BadInput(f"sliding_window={c.sliding_window} has no LlamaForCausalLM equivalent "
+                       "(a MistralForCausalLM has one)")
+    return _llama_fields(c)
+
+
+def _llama_fields(c: ModelConfig) -> dict:
     return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, num_attention_heads=c.n_heads,
                 num_key_value_heads=c.kv_heads, intermediate_size=c.d_ff,
-                num_hidden_layers=c.n_decoder_layers, max_position_embeddings=c.max_len,
-                rope_theta=c.rope_base, rms_norm_eps=c.norm_eps, hidden_act="silu",
+                num_hidden_layers=c.n_decoder_layers, **rope_to_hf(c),
+                rms_norm_eps=c.norm_eps, hidden_act="silu",
                 attention_bias=c.bias, mlp_bias=c.bias, tie_word_embeddings=c.tie_embeddings,
                 head_dim=c.d_k, bos_token_id=c.bos_id, eos_token_id=c.eos_id,
                 pad_token_id=c.pad_id)
+
+
+def mistral_from_config(c: ModelConfig) -> dict:
+    return {**_llama_fields(c), "sliding_window": c.sliding_window}
 
 
 def llama_weights(c: ModelConfig):
@@ -143,3 +201,5 @@ def llama_weights(c: ModelConfig):
 
 register(Family("gpt2", "GPT2LMHeadModel", gpt2_to_config, gpt2_from_config, gpt2_weights))
 register(Family("llama", "LlamaForCausalLM", llama_to_config, llama_from_config, llama_weights))
+register(Family("mistral", "MistralForCausalLM", mistral_to_config, mistral_from_config,
+                llama_weights))

@@ -232,11 +232,13 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
 
 def _default_type(config: ModelConfig) -> str:
     if config.arch == "decoder":
-        return "llama" if config.positional == "rope" else "gpt2"
+        if config.positional != "rope":
+            return "gpt2"
+        return "llama" if config.sliding_window is None else "mistral"
     if config.arch == "encoder":
         return "bert"
     if config.arch == "encoder-decoder":
-        return "marian"
+        return "t5" if config.positional == "relative" else "marian"
     if config.arch == "vision":
         return "vit"
     raise BadInput(f"no Hugging Face family known for arch={config.arch!r}")

@@ -1,18 +1,32 @@
-"""Encoder-only models: BERT (Devlin et al., 2019), composed from the shared blocks.
+"""Encoder-only models: BERT (Devlin et al., 2019) and its descendants, composed from the
+shared blocks. RoBERTa, ALBERT, DistilBERT and ELECTRA are configurations of this one model.
 
-    e₀     = LayerNorm(E[ids] + P[pos] + S[segment])     (batch, seq, d_model), then dropout
-    h_l    = EncoderLayer(h_{l-1}, padding mask)         l = 1..N, bidirectional, post-LN, GELU
-    pooled = tanh(W_p · h_N[:, 0] + b_p)                 (batch, d_model): the [CLS] summary
+    e₀     = LN(E[ids] + P[pos] + S[segment])        (batch, seq, E), then dropout
+    x₀     = W_e · e₀ + b_e                          (batch, seq, d_model), when E ≠ d_model
+    h_l    = EncoderLayer(h_{l-1}, padding mask)     l = 1..N, bidirectional, post-LN, GELU
+    pooled = tanh(W_p · h_N[:, 0] + b_p)             (batch, d_model): the [CLS] summary
 
 BERT is the paper's encoder with learned positions, a segment (sentence A/B) embedding and a
-norm on the embedding sum, so the only new parts here are the embedding sum and the heads
-(``config.head``):
+norm on the embedding sum; the descendants differ only in knobs of the config:
 
-    mlm          LN(GELU(W_t·h + b_t)) · Eᵀ + b       (batch, seq, vocab), E tied to the input
-    pretraining  the mlm logits and W_n · pooled       (batch, 2): next-sentence prediction
-    classify     W_c · Dropout(pooled)                 (batch, num_labels): sequence labels
-    tokens       W_c · Dropout(h)                      (batch, seq, num_labels): tagging
-    none         the hidden states themselves          (batch, seq, d_model)
+    embedding_size   E < d_model: factorised embeddings, lifted by W_e (ALBERT, ELECTRA)
+    share_layers     one layer's weights for all N layers (ALBERT)
+    position_offset  pos = offset, offset + 1, … over the non-pad tokens, pad_id at pads
+                     (RoBERTa: offset = pad_id + 1); 0: pos = 0, 1, …
+    type_vocab_size  0: no segment embedding S (DistilBERT)
+    pooler           False: no tanh pooler (DistilBERT, ELECTRA)
+
+The heads (``config.head``):
+
+    mlm            LN_E(act(W_t·h + b_t)) · Eᵀ + b  (batch, seq, vocab), E tied to the input;
+                   W_t maps d_model → E, so a factorised model predicts in E dimensions
+    pretraining    the mlm logits and W_n · pooled   (batch, 2): next-sentence (ALBERT:
+                   sentence-order) prediction
+    classify       W_c · Dropout(pooled)             (batch, num_labels): sequence labels
+    tokens         W_c · Dropout(h)                  (batch, seq, num_labels): tagging
+    discriminator  w · act(W_d·h + b_d) + c          (batch, seq): ELECTRA's "was this token
+                   replaced?" logit per position
+    none           the hidden states themselves      (batch, seq, d_model)
 """
 
 from __future__ import annotations
@@ -27,18 +41,19 @@ from attnlab.errors import BadInput
 from attnlab.nn import Encoder, LayerNorm, TokenEmbedding, build_norm, build_positional
 from attnlab.nn.feedforward import ACTIVATIONS
 
-_POOLED_HEADS = ("none", "pretraining", "classify")  # heads that read the pooled [CLS] vector
+_POOLED_HEADS = ("none", "pretraining", "classify")  # heads that have a pooler (if configured)
 
 
 class MLMHead(nn.Module):
     """Masked-LM prediction: ``h (..., d_model)`` -> ``logits (..., vocab)``; the output matrix
-    is the input embedding (tied), plus a per-token bias."""
+    is the input embedding (tied, ``(vocab, E)``), plus a per-token bias."""
 
     def __init__(self, config: ModelConfig, embedding: nn.Parameter):
         super().__init__()
-        self.dense = nn.Linear(config.d_model, config.d_model)
+        width = embedding.shape[1]  # E: the transform ends where the embedding lives
+        self.dense = nn.Linear(config.d_model, width)
         self.act = ACTIVATIONS[config.activation]
-        self.norm = LayerNorm(config.d_model, eps=config.norm_eps)
+        self.norm = LayerNorm(width, eps=config.norm_eps)
         self.weight = embedding  # shared with BERT.embed.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
@@ -46,31 +61,45 @@ class MLMHead(nn.Module):
         return nn.functional.linear(self.norm(self.act(self.dense(h))), self.weight, self.bias)
 
 
+class DiscriminatorHead(nn.Module):
+    """ELECTRA's replaced-token detection: ``h (..., d_model)`` -> one logit per position
+    ``(...)``, ``w · act(W_d·h + b_d) + c``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.act = ACTIVATIONS[config.activation]
+        self.out = nn.Linear(config.d_model, 1)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(self.act(self.dense(h))).squeeze(-1)
+
+
 class BERT(nn.Module):
     """Bidirectional encoder with an optional task head; see the module docstring."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        if config.arch != "encoder":
-            raise BadInput(f"BERT needs arch='encoder', got {config.arch!r}")
-        if config.activation == "swiglu":
-            raise BadInput("config field activation='swiglu' is not supported by BERT")
+        _check(config)
         self.config = config
-        d = config.d_model
-        self.embed = TokenEmbedding(config.vocab_size, d, config.scale_embeddings, init_std=0.02)
-        self.positional = build_positional(config.positional, d, config.n_heads, config.max_len,
+        d, head = config.d_model, config.head
+        e = config.embedding_size or d
+        self.embed = TokenEmbedding(config.vocab_size, e, config.scale_embeddings, init_std=0.02)
+        self.positional = build_positional(config.positional, e, config.n_heads, config.max_len,
                                            config.rope_base)
-        self.segment = nn.Embedding(config.type_vocab_size, d) if config.type_vocab_size else None
-        self.embed_norm = (build_norm(config.norm, d, config.norm_eps, config.bias)
+        self.segment = nn.Embedding(config.type_vocab_size, e) if config.type_vocab_size else None
+        self.embed_norm = (build_norm(config.norm, e, config.norm_eps, config.bias)
                            if config.embedding_norm else nn.Identity())
         self.embed_dropout = nn.Dropout(config.dropout)
-        self.encoder = Encoder(config)
-        head = config.head
-        self.pooler = nn.Linear(d, d) if head in _POOLED_HEADS else None
+        # ALBERT's embedding_hidden_mapping_in, ELECTRA's embeddings_project
+        self.embed_proj = nn.Linear(e, d) if config.embedding_size else None
+        self.encoder = Encoder(config)  # config.share_layers: one layer object, N times
+        self.pooler = nn.Linear(d, d) if config.pooler and head in _POOLED_HEADS else None
         self.mlm = MLMHead(config, self.embed.weight) if head in ("mlm", "pretraining") else None
         self.nsp = nn.Linear(d, 2) if head == "pretraining" else None
         self.classifier = (nn.Linear(d, config.num_labels) if head in ("classify", "tokens")
                            else None)
+        self.discriminator = DiscriminatorHead(config) if head == "discriminator" else None
         self.head_dropout = nn.Dropout(config.dropout)
         self._init_weights()
 
@@ -83,11 +112,22 @@ class BERT(nn.Module):
                 nn.init.zeros_(p)
 
     # --- the encoder -----------------------------------------------------------------------
+    def positions(self, ids: Tensor) -> Tensor:
+        """``(seq,)`` positions 0, 1, …; with ``position_offset`` (RoBERTa), ``(batch, seq)``:
+        the real tokens count up from the offset and every pad takes ``pad_id``, so a pad
+        neither moves the positions of the tokens after it nor reads a real position."""
+        offset = self.config.position_offset
+        if not offset:
+            return torch.arange(ids.shape[1], device=ids.device)
+        real = ids != self.config.pad_id
+        return torch.where(real, real.cumsum(1) + (offset - 1), self.config.pad_id)
+
     def embeddings(self, ids: Tensor, token_type_ids: Tensor | None = None,
                    positions: Tensor | None = None) -> Tensor:
-        """``LN(E[ids] + P[pos] + S[segment])``, before dropout: ``(batch, seq, d_model)``."""
+        """``LN(E[ids] + P[pos] + S[segment])``, before dropout and the lift to d_model:
+        ``(batch, seq, E)``."""
         if positions is None:
-            positions = torch.arange(ids.shape[1], device=ids.device)
+            positions = self.positions(ids)
         x = self.positional.embed(self.embed(ids), positions)
         if self.segment is not None:
             if token_type_ids is None:
@@ -103,8 +143,10 @@ class BERT(nn.Module):
         get no attention (the mask's rows broadcast over queries and heads).
         """
         self.config.check_length(ids.shape[1])
-        positions = torch.arange(ids.shape[1], device=ids.device)
+        positions = self.positions(ids)
         x = self.embed_dropout(self.embeddings(ids, token_type_ids, positions))
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         return self.encoder(x, mask=mask, positional=self.positional, positions=positions,
                             need_weights=need_weights)
@@ -133,18 +175,36 @@ class BERT(nn.Module):
             return logits if head == "mlm" else (logits, self.nsp(self.pool(h)))
         if head == "classify":
             return self.classifier(self.head_dropout(self.pool(h)))
+        if head == "discriminator":
+            return self.discriminator(h)
         return self.classifier(self.head_dropout(h))  # tokens
 
     def components(self) -> OrderedDict[str, list[nn.Module]]:
-        embeddings = [m for m in (self.embed, self.positional, self.segment, self.embed_norm)
-                      if m is not None]
+        embeddings = [m for m in (self.embed, self.positional, self.segment, self.embed_norm,
+                                  self.embed_proj) if m is not None]
         parts = OrderedDict([("embeddings", embeddings),
                              ("encoder layer (one)", [self.encoder.layers[0]]),
                              ("encoder", [self.encoder])])
-        heads = [m for m in (self.pooler, self.mlm, self.nsp, self.classifier) if m is not None]
+        heads = [m for m in (self.pooler, self.mlm, self.nsp, self.classifier,
+                             self.discriminator) if m is not None]
         if heads:
             parts["pooler and heads"] = heads
         return parts
+
+
+def _check(config: ModelConfig) -> None:
+    """What this model cannot build, as one line each."""
+    if config.arch != "encoder":
+        raise BadInput(f"BERT needs arch='encoder', got {config.arch!r}")
+    if config.activation == "swiglu":
+        raise BadInput("config field activation='swiglu' is not supported by BERT")
+    if config.embedding_size and config.positional != "learned":
+        # the factorised models add learned positions in E dims; a rotation acts on the heads
+        raise BadInput(f"config: embedding_size needs positional='learned', got "
+                       f"{config.positional!r}")
+    if not config.pooler and config.head in ("pretraining", "classify"):
+        raise BadInput(f"config: head={config.head!r} reads the pooled [CLS] vector, but "
+                       "pooler=False")
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:

@@ -7,7 +7,8 @@
 A GPT block is the encoder layer of the paper run with a causal mask, so this file only
 composes :mod:`attnlab.nn`. The family is chosen by the config: GPT-2 uses learned positions,
 LayerNorm, GELU (tanh) and biases; Llama uses RoPE, RMSNorm, SwiGLU, grouped-query attention
-and no biases.
+and no biases; Mistral is Llama with a sliding window (``config.sliding_window`` = W: position
+i attends positions i − W < j ≤ i, decoded with a rolling cache of W entries per layer).
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
-from attnlab.nn import DecoderOnly, SelfAttentionCache, TokenEmbedding, build_positional
+from attnlab.nn import (
+    DecoderOnly,
+    SelfAttentionCache,
+    TokenEmbedding,
+    build_positional,
+    sliding_window_mask,
+)
 
 
 class GPT(nn.Module):
@@ -33,7 +40,8 @@ class GPT(nn.Module):
         self.embed = TokenEmbedding(config.vocab_size, config.d_model, config.scale_embeddings,
                                     init_std=0.02)
         self.positional = build_positional(config.positional, config.d_model, config.n_heads,
-                                           config.max_len, config.rope_base)
+                                           config.max_len, config.rope_base,
+                                           config.rope_scaling, config.d_k)
         self.embed_dropout = nn.Dropout(config.dropout)
         self.blocks = DecoderOnly(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -81,11 +89,26 @@ class GPT(nn.Module):
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]
+        if self.config.sliding_window is not None:
+            mask = self._window_mask(ids.shape[1], offset, cache, mask)
         return self.blocks(x, mask=mask, positional=self.positional, positions=positions,
                            cache=cache, need_weights=need_weights)
 
+    def _window_mask(self, new: int, offset: int, cache: SelfAttentionCache | None,
+                     padding: Tensor | None) -> Tensor:
+        """The band ``i − W < j ≤ i`` over sequence indices (pads count, as in transformers),
+        and the padding of the keys the layers will see (a rolling cache's slots: any order)."""
+        device = self.embed.weight.device
+        keys = None if cache is None else cache.key_index(new, device)
+        if keys is None:
+            keys = torch.arange(offset + new, device=device)
+        queries = torch.arange(offset, offset + new, device=device)
+        band = sliding_window_mask(queries, keys, self.config.sliding_window)
+        return band if padding is None else band & padding[..., keys]
+
     def new_cache(self, capacity: int = 256) -> SelfAttentionCache:
-        return SelfAttentionCache(len(self.blocks.layers), capacity)
+        """One KV cache per layer; with a sliding window, rolling ones of W entries."""
+        return SelfAttentionCache(len(self.blocks.layers), capacity, self.config.sliding_window)
 
     def components(self) -> OrderedDict[str, list[nn.Module]]:
         embeddings: list[nn.Module] = [self.embed, self.positional]

@@ -8,12 +8,20 @@ With ``tie_embeddings`` one matrix E serves as source embedding, target embeddin
 projection (section 3.4). Source padding is derived from ``config.pad_id``. Target padding
 needs no mask: pads trail the real tokens, so causal masking already hides them from every real
 position, and their own outputs are dropped by the loss.
+
+T5 (Raffel et al., 2020) is a configuration of the same model: pre-LN with RMSNorm and a final
+norm, no biases, no embedding scale and no PE. Position enters as a learned bias on the
+self-attention scores (:mod:`attnlab.nn.relative`), one table in the encoder (bidirectional)
+and another in the decoder (causal); the scores are not divided by √d_k, and a tied output
+projection sees ``hidden · d^-½`` (``scale_tied_logits``), where the paper's model scales the
+embeddings by √d instead.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+import torch
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
@@ -22,6 +30,9 @@ from attnlab.nn import (
     Decoder,
     DecoderCache,
     Encoder,
+    MultiHeadAttention,
+    PositionalEncoding,
+    RelativePositionBias,
     TokenEmbedding,
     build_positional,
     padding_mask,
@@ -44,9 +55,16 @@ class Transformer(nn.Module):
             self.src_embed if shared
             else TokenEmbedding(config.target_vocab_size, d, config.scale_embeddings)
         )
-        self.positional = build_positional(
-            config.positional, d, config.n_heads, config.max_len, config.rope_base
-        )
+        # One positional encoding serves both stacks, except T5's relative bias: the encoder's
+        # looks both ways, the decoder's only back, and each stack learns its own table.
+        self.tgt_positional: RelativePositionBias | None = None
+        if config.positional == "relative":
+            self.positional = self._relative_bias(bidirectional=True)
+            self.tgt_positional = self._relative_bias(bidirectional=False)
+        else:
+            self.positional = build_positional(
+                config.positional, d, config.n_heads, config.max_len, config.rope_base
+            )
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
@@ -54,6 +72,11 @@ class Transformer(nn.Module):
         self._init_weights()
         if config.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight
+
+    def _relative_bias(self, bidirectional: bool) -> RelativePositionBias:
+        c = self.config
+        return RelativePositionBias(c.n_heads, c.relative_buckets, c.relative_max_distance,
+                                    bidirectional)
 
     def _init_weights(self) -> None:
         """Xavier-uniform for projection matrices (as the Annotated Transformer does); zero
@@ -63,11 +86,29 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        if not self.config.scale_attention:
+            # Without 1/√d_k on the scores (T5), start W_Q that much smaller instead, as T5's
+            # initialisation does: the first scores then have the paper's size.
+            for module in self.modules():
+                if isinstance(module, MultiHeadAttention):
+                    q = module.qkv.weight[: module.q_dim] if module.fused_qkv \
+                        else module.q_proj.weight
+                    with torch.no_grad():
+                        q.mul_(module.d_k ** -0.5)
+        for bias in (self.positional, self.tgt_positional):
+            if isinstance(bias, RelativePositionBias):  # T5's N(0, d^-1/2)
+                nn.init.normal_(bias.embedding.weight, std=self.config.d_model ** -0.5)
 
     # --- the three entry points ----------------------------------------------------------
-    def _embed(self, embedding: TokenEmbedding, ids: Tensor, offset: int = 0):
+    @property
+    def decoder_positional(self) -> PositionalEncoding:
+        """The decoder's positional encoding: its own for T5, else the one both stacks share."""
+        return self.positional if self.tgt_positional is None else self.tgt_positional
+
+    def _embed(self, embedding: TokenEmbedding, positional: PositionalEncoding, ids: Tensor,
+               offset: int = 0):
         positions = positions_from(offset, ids.shape[1], ids.device)
-        x = self.positional.embed(embedding(ids), positions)
+        x = positional.embed(embedding(ids), positions)
         return self.embed_dropout(x), positions
 
     def encode(self, src_ids: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor]:
@@ -77,7 +118,7 @@ class Transformer(nn.Module):
         """
         self._check_length(src_ids, "source")
         src_mask = padding_mask(src_ids, self.config.pad_id)
-        x, positions = self._embed(self.src_embed, src_ids)
+        x, positions = self._embed(self.src_embed, self.positional, src_ids)
         memory = self.encoder(x, src_mask, positional=self.positional, positions=positions,
                               need_weights=need_weights)
         return memory, src_mask
@@ -97,10 +138,15 @@ class Transformer(nn.Module):
         """
         offset = 0 if cache is None else cache.length
         self._check_length(tgt_ids, "target", offset)
-        y, positions = self._embed(self.tgt_embed, tgt_ids, offset)
+        positional = self.decoder_positional
+        y, positions = self._embed(self.tgt_embed, positional, tgt_ids, offset)
         hidden = self.decoder(y, memory, memory_mask=src_mask, is_causal=True,
-                              positional=self.positional, positions=positions, cache=cache,
+                              positional=positional, positions=positions, cache=cache,
                               need_weights=need_weights)
+        if self.config.scale_tied_logits:
+            # T5: E has entries of size ~1 (embeddings are not scaled up by √d), so the tied
+            # projection scales the hidden state down by √d instead
+            hidden = hidden * self.config.d_model ** -0.5
         return self.lm_head(hidden)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, need_weights: bool = False) -> Tensor:
@@ -120,6 +166,8 @@ class Transformer(nn.Module):
     def components(self) -> OrderedDict[str, list[nn.Module]]:
         """Named groups of modules for :func:`attnlab.parameter_breakdown`."""
         embeddings: list[nn.Module] = [self.src_embed, self.positional]
+        if self.tgt_positional is not None:
+            embeddings.append(self.tgt_positional)
         if self.tgt_embed is not self.src_embed:
             embeddings.append(self.tgt_embed)
         if self.lm_head.weight is not self.tgt_embed.weight:

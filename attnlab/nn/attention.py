@@ -1,6 +1,9 @@
 """Scaled dot-product attention (Vaswani et al., 2017, eq. 1).
 
-    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + B) V
+    Attention(Q, K, V) = softmax(s · Q Kᵀ + B) V,    s = 1/√d_k by default
+
+T5 uses s = 1: its initialisation already keeps Q Kᵀ small, and its relative position bias B is
+learned on the unscaled scores.
 
 Shapes: ``q`` is ``(batch, heads, q_len, d_k)``, ``k`` is ``(batch, heads, k_len, d_k)``,
 ``v`` is ``(batch, heads, k_len, d_v)``; the output is ``(batch, heads, q_len, d_v)``.
@@ -40,8 +43,9 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     is_causal: bool = False,
+    scale: float | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """softmax(QKᵀ/√d_k + bias)·V with a boolean ``mask`` (True = may attend).
+    """softmax(scale·QKᵀ + bias)·V with a boolean ``mask`` (True = may attend).
 
     Args:
         q: ``(batch, heads, q_len, d_k)``.
@@ -55,6 +59,7 @@ def scaled_dot_product_attention(
             ``(batch, heads, q_len, k_len)``.
         is_causal: shorthand for a causal mask aligned so that the last query sees the last key
             (query ``i`` may attend keys ``j <= i + k_len - q_len``); combined with ``mask``.
+        scale: the factor s on the scores; None: 1/√d_k (T5: 1.0).
 
     Returns:
         ``out`` ``(batch, heads, q_len, d_v)``, or ``(out, weights)`` when ``need_weights``.
@@ -68,13 +73,15 @@ def scaled_dot_product_attention(
         is_causal = False
     if bias is not None and bias.dtype != q.dtype:  # ALiBi's float32 distances, bf16 queries
         bias = bias.to(q.dtype)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
     if need_weights:
-        return _explicit(q, k, v, mask, bias, dropout_p)
+        return _explicit(q, k, v, mask, bias, dropout_p, scale)
     if _composed_is_faster(q, k_len):
         if is_causal:
             mask = causal_mask(q_len, k_len, q.device)
-        return _explicit(q, k, v, mask, bias, dropout_p)[0]
-    return _fused(q, k, v, mask, bias, dropout_p, is_causal)
+        return _explicit(q, k, v, mask, bias, dropout_p, scale)[0]
+    return _fused(q, k, v, mask, bias, dropout_p, is_causal, scale)
 
 
 # benchmarks/attention.py on a 2-core Sapphire Rapids CPU (torch 2.13, fwd + bwd, causal, bf16):
@@ -99,12 +106,13 @@ def _repeat_kv(x: Tensor, n_heads: int) -> Tensor:
 
 
 def _explicit(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
+    scale: float,
 ) -> tuple[Tensor, Tensor]:
     """The equation written out; returns ``(output, weights)``."""
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
     # Scaling q (seq × d_k) rather than the scores (seq × seq) is the same product, cheaper.
-    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (b, h, q_len, k_len)
+    scores = (q * scale) @ k.transpose(-2, -1)  # (b, h, q_len, k_len)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -130,6 +138,7 @@ def _fused(
     bias: Tensor | None,
     dropout_p: float,
     is_causal: bool,
+    scale: float,
 ) -> Tensor:
     """torch's fused kernel; the mask is converted here, at the SDPA boundary."""
     empty_rows = None
@@ -150,7 +159,7 @@ def _fused(
     enable_gqa = k.shape[1] != q.shape[1]
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-        enable_gqa=enable_gqa,
+        enable_gqa=enable_gqa, scale=scale,
     )
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)

@@ -37,10 +37,22 @@ if TYPE_CHECKING:
 
 
 def _attention(config: ModelConfig) -> MultiHeadAttention:
+    # scale None: the paper's 1/√d_k; T5 (scale_attention=False) adds its bias to Q·Kᵀ as is
     return MultiHeadAttention(
         config.d_model, config.n_heads, config.num_kv_heads, bias=config.bias,
-        fused_qkv=config.fused_qkv, dropout=config.attention_dropout,
+        fused_qkv=config.fused_qkv, dropout=config.attention_dropout, head_dim=config.head_dim,
+        scale=None if config.scale_attention else 1.0,
     )
+
+
+def _position_bias(positional: PositionalEncoding | None, positions: Tensor | None, new: int,
+                   cached: int) -> Tensor | None:
+    """The score bias of the positions (ALiBi, T5's relative bias; None for the others),
+    computed once per forward pass: every layer of a stack adds the same one. The keys are the
+    ``cached + new`` positions that end at the last query."""
+    if positional is None or positions is None:
+        return None
+    return positional.attention_bias(positions, cached + new)
 
 
 def _residual(config: ModelConfig) -> Residual:
@@ -85,12 +97,15 @@ class EncoderLayer(nn.Module):
         positions: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> Tensor:
-        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``."""
+        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``; ``bias``: the stack's
+        position score bias ``(1 or batch, heads, seq, k_len)``, added to every layer's scores."""
 
         def attend(h: Tensor) -> Tensor:
             out = self.self_attn(h, mask=mask, is_causal=is_causal, positional=positional,
-                                 positions=positions, cache=cache, need_weights=need_weights)
+                                 positions=positions, cache=cache, need_weights=need_weights,
+                                 bias=bias)
             if need_weights:
                 out, self.attn_weights = out
             return out
@@ -128,16 +143,18 @@ class DecoderLayer(nn.Module):
         positions: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> Tensor:
         """``y (batch, tgt_len, d)``, ``memory (batch, src_len, d)`` -> ``(batch, tgt_len, d)``.
 
         ``tgt_mask`` / ``memory_mask`` are boolean (True = may attend); the causal constraint
-        is added by ``is_causal`` (default on).
+        is added by ``is_causal`` (default on). ``bias``: the position score bias of the
+        self-attention (cross-attention has none: source and target positions are unrelated).
         """
 
         def attend(h: Tensor) -> Tensor:
             out = self.self_attn(h, mask=tgt_mask, is_causal=is_causal, positional=positional,
-                                 positions=positions, need_weights=need_weights,
+                                 positions=positions, need_weights=need_weights, bias=bias,
                                  cache=None if cache is None else cache.self_attn)
             if need_weights:
                 out, self.attn_weights = out
@@ -163,15 +180,21 @@ class _SelfAttentionStack(nn.Module):
 
     def __init__(self, config: ModelConfig, n_layers: int):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(n_layers))
+        if config.share_layers:  # ALBERT: the same layer object (so the same weights) N times
+            shared = EncoderLayer(config)
+            self.layers = nn.ModuleList([shared] * n_layers)
+        else:
+            self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(n_layers))
         self.norm = _final_norm(config)
 
     def _run(self, x: Tensor, mask: Tensor | None, positional: PositionalEncoding | None,
              positions: Tensor | None, cache: SelfAttentionCache | None,
              need_weights: bool) -> Tensor:
+        bias = _position_bias(positional, positions, x.shape[1],
+                              0 if cache is None else cache.length)
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, self.causal, positional, positions,
-                      None if cache is None else cache[i], need_weights)
+                      None if cache is None else cache[i], need_weights, bias)
         return self.norm(x)
 
 
@@ -227,7 +250,9 @@ class Decoder(nn.Module):
         need_weights: bool = False,
     ) -> Tensor:
         """``y (batch, tgt_len, d)``, ``memory (batch, src_len, d)`` -> ``(batch, tgt_len, d)``."""
+        bias = _position_bias(positional, positions, y.shape[1],
+                              0 if cache is None else cache.length)
         for i, layer in enumerate(self.layers):
             y = layer(y, memory, tgt_mask, memory_mask, is_causal, positional, positions,
-                      None if cache is None else cache[i], need_weights)
+                      None if cache is None else cache[i], need_weights, bias)
         return self.norm(y)

@@ -7,10 +7,15 @@ doubles on overflow so a wrong guess costs a copy, not an error.
 
 Cross-attention keys and values depend only on the encoder output, so a ``static`` cache is
 filled once and reused at every step.
+
+Sliding-window attention (Mistral: query i sees keys i − W < j ≤ i) never looks further back
+than W − 1 tokens, so a :class:`RollingKVCache` holds at most W entries: position p lives in
+slot p mod W, and each new token overwrites the one that just left every later window.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -59,16 +64,73 @@ class KVCache:
             self.v = self.v.index_select(0, index)
 
 
+class RollingKVCache(KVCache):
+    """The keys and values of the last ``window`` positions, in slots ``p mod window``.
+
+    ``length`` counts every position seen. One new token (decoding) is written into its slot
+    and attends the whole buffer, in slot order: attention does not care about the order of
+    its keys, only the mask does, and :meth:`key_index` tells it where each key came from.
+    Several new tokens (a prompt) attend the kept entries in time order followed by
+    themselves, and the buffer then keeps the last ``window`` of them.
+    """
+
+    def __init__(self, window: int):
+        super().__init__(capacity=window)
+        self.window = window
+
+    def _one_step(self, new: int) -> bool:
+        return new == 1 and self.k is not None
+
+    def key_index(self, new: int, device: torch.device | str | None = None) -> Tensor:
+        """The sequence index of each key that :meth:`append` of ``new`` tokens returns."""
+        t, w = self.length, self.window
+        if self._one_step(new):  # slot s holds the latest p <= t with p ≡ s (mod w)
+            slots = torch.arange(min(t + 1, w), device=device)
+            return t - (t - slots) % w
+        return torch.arange(t - min(t, w), t + new, device=device)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        new, t, w = k.shape[2], self.length, self.window
+        if self._one_step(new):
+            slot = t % w
+            self.k[:, :, slot : slot + 1] = k
+            self.v[:, :, slot : slot + 1] = v
+            self.length = t + 1
+            n = min(t + 1, w)
+            return self.k[:, :, :n], self.v[:, :, :n]
+        kept = min(t, w)
+        if kept:  # the kept entries in time order: slots (t − kept .. t − 1) mod w
+            order = torch.arange(t - kept, t, device=k.device) % w
+            k = torch.cat([self.k.index_select(2, order), k], dim=2)
+            v = torch.cat([self.v.index_select(2, order), v], dim=2)
+        self.length = t + new
+        keep = min(self.length, w)
+        if self.k is None:
+            self._grow(k, v, w)
+        slots = torch.arange(self.length - keep, self.length, device=k.device) % w
+        self.k[:, :, slots] = k[:, :, -keep:]
+        self.v[:, :, slots] = v[:, :, -keep:]
+        return k, v
+
+
 class SelfAttentionCache(list):
     """One :class:`KVCache` per layer of a decoder-only stack (GPT, Llama: self-attention
-    only); ``length`` is the number of positions decoded."""
+    only), rolling ones of ``window`` entries for sliding-window attention; ``length`` is the
+    number of positions decoded."""
 
-    def __init__(self, n_layers: int, capacity: int = 256):
-        super().__init__(KVCache(capacity) for _ in range(n_layers))
+    def __init__(self, n_layers: int, capacity: int = 256, window: int | None = None):
+        super().__init__(KVCache(capacity) if window is None else RollingKVCache(window)
+                         for _ in range(n_layers))
 
     @property
     def length(self) -> int:
         return self[0].length if self else 0
+
+    def key_index(self, new: int, device: torch.device | str | None = None) -> Tensor | None:
+        """Sequence indices of the keys the layers attend after ``new`` more tokens: ``(k_len,)``
+        for rolling caches, None for growing ones (keys ``0 .. length + new − 1`` in order)."""
+        first = self[0] if self else None
+        return first.key_index(new, device) if isinstance(first, RollingKVCache) else None
 
     def reorder(self, index: Tensor) -> None:
         for layer in self:
@@ -103,4 +165,4 @@ class DecoderCache(list):
             layer.reorder(index)
 
 
-__all__ = ["KVCache", "SelfAttentionCache", "LayerCache", "DecoderCache"]
+__all__ = ["KVCache", "RollingKVCache", "SelfAttentionCache", "LayerCache", "DecoderCache"]

@@ -3,6 +3,9 @@
     ReLU (the paper):  FFN(x) = W₂ · max(0, x·W₁ + b₁) + b₂
     GELU (GPT, BERT):  FFN(x) = W₂ · GELU(x·W₁ + b₁) + b₂
     SwiGLU (Llama):    FFN(x) = W₂ · (SiLU(x·W₁) ⊙ x·W₃)
+    GEGLU (T5 v1.1):   FFN(x) = W₂ · (GELU_tanh(x·W₁) ⊙ x·W₃)
+
+The gated kinds (Shazeer, 2020) differ only in the nonlinearity on the gate x·W₁.
 
 Shapes: ``(batch, seq, d_model) -> (batch, seq, d_ff) -> (batch, seq, d_model)``.
 """
@@ -20,10 +23,13 @@ ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
     "silu": F.silu,
 }
+# gated activation -> the nonlinearity on its gate (T5's "gated-gelu" is gelu_new: tanh GELU)
+GATES = {"swiglu": "silu", "geglu": "gelu_tanh"}
 
 
 class FeedForward(nn.Module):
-    """Two linear maps around a nonlinearity; with ``activation='swiglu'`` a gated third map."""
+    """Two linear maps around a nonlinearity; a gated activation (``swiglu``, ``geglu``) adds
+    a third map ``w3`` whose output the activated ``w1`` output multiplies."""
 
     def __init__(
         self,
@@ -34,17 +40,16 @@ class FeedForward(nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
-        if activation != "swiglu" and activation not in ACTIVATIONS:
+        if activation not in GATES and activation not in ACTIVATIONS:
             raise BadInput(f"unknown activation {activation!r}")
         self.activation = activation
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
+        self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation in GATES else None
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)  # inside the FFN, after the nonlinearity
 
     def forward(self, x: Tensor) -> Tensor:
+        hidden = ACTIVATIONS[GATES.get(self.activation, self.activation)](self.w1(x))
         if self.w3 is not None:
-            hidden = F.silu(self.w1(x)) * self.w3(x)
-        else:
-            hidden = ACTIVATIONS[self.activation](self.w1(x))
+            hidden = hidden * self.w3(x)
         return self.w2(self.dropout(hidden))

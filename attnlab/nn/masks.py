@@ -36,6 +36,14 @@ def causal_mask(
     return ones.tril(k_len - q_len)[None, None]
 
 
+def sliding_window_mask(q_index: Tensor, k_index: Tensor, window: int) -> Tensor:
+    """Mistral's band: query at sequence index i may attend key j iff ``i − window < j ≤ i``
+    (itself and the ``window − 1`` before it). ``q_index (q_len,)``, ``k_index (k_len,)``
+    (the keys may come in any order: a rolling cache's slots) -> ``(1, 1, q_len, k_len)``."""
+    distance = q_index[:, None] - k_index[None, :]
+    return ((distance >= 0) & (distance < window))[None, None]
+
+
 def combine_masks(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of the given masks (``None`` = no constraint); broadcasting applies."""
     result = None

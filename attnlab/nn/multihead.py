@@ -5,7 +5,8 @@
 
 ``X (batch, q_len, d_model)`` gives the queries; ``C`` gives keys and values: ``C = X`` for
 self-attention, the encoder output ``(batch, k_len, d_model)`` for cross-attention. Each head
-works in ``d_k = d_model / h`` dimensions, so h heads cost about as much as one full-width head.
+works in ``d_k = d_model / h`` dimensions, so h heads cost about as much as one full-width head
+(T5 v1.1 chooses d_k apart: ``h·d_k ≠ d_model``, ``head_dim``).
 
 Grouped-query attention (Ainslie et al., 2023): with ``num_kv_heads < n_heads`` each key/value
 head is shared by ``n_heads / num_kv_heads`` query heads (``num_kv_heads = 1`` is multi-query
@@ -35,7 +36,8 @@ class MultiHeadAttention(nn.Module):
             then runs a single matmul (cross-attention slices the same weight).
         dropout: dropout on the attention weights.
         head_dim: d_k, when it is not ``d_model / n_heads`` (a layer whose heads were pruned
-            keeps its heads' width: ``h·d_k < d_model``).
+            keeps its heads' width: ``h·d_k < d_model``; T5 v1.1 sets it freely).
+        scale: the factor on the scores Q·Kᵀ; None: 1/√d_k (T5: 1.0).
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class MultiHeadAttention(nn.Module):
         fused_qkv: bool = False,
         dropout: float = 0.0,
         head_dim: int | None = None,
+        scale: float | None = None,
     ):
         super().__init__()
         num_kv_heads = n_heads if num_kv_heads is None else num_kv_heads
@@ -58,6 +61,7 @@ class MultiHeadAttention(nn.Module):
         self.d_k = d_model // n_heads if head_dim is None else head_dim
         self.q_dim, self.kv_dim = n_heads * self.d_k, num_kv_heads * self.d_k
         self.dropout = dropout
+        self.scale = scale
         if fused_qkv:
             self.qkv = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
         else:
@@ -101,6 +105,7 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x (batch, q_len, d_model)`` to ``context`` (or to ``x`` itself).
 
@@ -109,11 +114,14 @@ class MultiHeadAttention(nn.Module):
                 where ``k_len`` counts cached positions too.
             is_causal: causal self-attention (bottom-right aligned when keys are cached).
             positional: the model's positional encoding; self-attention applies its rotation
-                (RoPE) and score bias (ALiBi). Cross-attention uses neither.
+                (RoPE). Cross-attention does not.
             positions: absolute positions of the queries, ``(q_len,)`` or ``(batch, q_len)``.
             cache: self-attention appends the new keys/values; a static (cross-attention)
                 cache is filled on first use and reused after.
             need_weights: also return the weights ``(batch, heads, q_len, k_len)``.
+            bias: the positions' additive score bias (ALiBi, T5's relative bias),
+                broadcastable to ``(batch, heads, q_len, k_len)``. The stack computes it once
+                (``positional.attention_bias``) and every layer adds the same one.
 
         Returns:
             ``(batch, q_len, d_model)``, or ``(output, weights)`` when ``need_weights``.
@@ -123,7 +131,6 @@ class MultiHeadAttention(nn.Module):
         q = self._heads(q, self.n_heads)
         if not reuse:
             k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
-        bias = None
         if context is None and positional is not None:
             if positions is None:
                 raise ValueError("positions are required with a positional encoding")
@@ -132,11 +139,9 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.k, cache.v
         elif cache is not None:
             k, v = cache.append(k, v)
-        if context is None and positional is not None:
-            bias = positional.attention_bias(positions, k.shape[2])
         result = scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, need_weights=need_weights,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
         )
         out, weights = result if need_weights else (result, None)
         b, _, s, _ = out.shape

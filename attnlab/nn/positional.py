@@ -17,11 +17,13 @@ that decoding the whole sequence at once would.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.errors import BadInput
+from attnlab.nn.rope_scaling import scaled_frequencies
 
 
 def positions_from(offset: int, length: int, device: torch.device | str | None = None) -> Tensor:
@@ -126,29 +128,45 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     θ_i = base^(-2i/d_k). Pairs are (x_i, x_{i + d_k/2}) (the "rotate half" layout used by
     GPT-NeoX and Llama checkpoints). Because rotations compose, q_m·k_n depends on m − n only.
+    ``scaling`` stretches θ for contexts longer than training (:mod:`attnlab.nn.rope_scaling`:
+    linear, dynamic, yarn, llama3). Every type but ``dynamic`` gives fixed angles, tabulated
+    once for ``max_len`` positions; dynamic NTK's θ depends on the longest position of each
+    forward, so its angles are computed per call from the positions given.
     """
 
-    def __init__(self, d_k: int, max_len: int = 4096, base: float = 10000.0):
+    def __init__(self, d_k: int, max_len: int = 4096, base: float = 10000.0,
+                 scaling: dict[str, Any] | None = None):
         super().__init__()
         if d_k % 2:
             raise BadInput(f"RoPE needs an even head dimension, got d_k={d_k}")
-        self._args = (d_k, max_len, base)
+        self._args = (d_k, max_len, base, dict(scaling or {}))
+        self.dynamic = self._args[3].get("rope_type") == "dynamic"
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
-        d_k, max_len, base = self._args
-        inv_freq = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, d_k/2)
+        d_k, max_len, base, scaling = self._args
+        cos, sin = self._table(torch.arange(1 if self.dynamic else max_len), None)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _table(self, positions: Tensor, seq_len: int | None) -> tuple[Tensor, Tensor]:
+        """cos and sin of pos·θ_i (times yarn's attention factor): ``(..., d_k)`` float32."""
+        d_k, _, base, scaling = self._args
+        theta, factor = scaled_frequencies(d_k, base, scaling, seq_len)
+        angles = positions.to(torch.float64)[..., None] * theta.to(positions.device)
         angles = torch.cat([angles, angles], dim=-1)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 
     def _rotate_one(self, x: Tensor, positions: Tensor) -> Tensor:
-        if positions.max() >= self.cos.shape[0]:
-            raise BadInput(
-                f"position {int(positions.max())} exceeds RoPE max_len {self.cos.shape[0]}"
-            )
-        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
+        if self.dynamic:
+            cos, sin = self._table(positions, int(positions.max()) + 1)
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        else:
+            if positions.max() >= self.cos.shape[0]:
+                raise BadInput(
+                    f"position {int(positions.max())} exceeds RoPE max_len {self.cos.shape[0]}"
+                )
+            cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
         if positions.dim() == 2:  # (batch, seq, d_k) -> (batch, 1, seq, d_k)
             cos, sin = cos[:, None], sin[:, None]
         half = x.shape[-1] // 2
@@ -196,15 +214,18 @@ class ALiBiPositionalEncoding(PositionalEncoding):
         return -self.slopes[None, :, None, None] * distance[:, None]
 
 
-def build_positional(kind: str, d_model: int, n_heads: int, max_len: int, rope_base: float):
+def build_positional(kind: str, d_model: int, n_heads: int, max_len: int, rope_base: float,
+                     rope_scaling: dict[str, Any] | None = None, d_k: int | None = None):
     """One constructor for every kind: sinusoidal (or sinusoidal-split: the sines first, then
-    the cosines), learned, rope, alibi, none."""
+    the cosines), learned, rope (``rope_scaling``: HF's dict; ``d_k``: the head width when it
+    is not d_model / n_heads), alibi, none."""
     if kind in ("sinusoidal", "sinusoidal-split"):
         return SinusoidalPositionalEncoding(d_model, max_len, split=kind == "sinusoidal-split")
     if kind == "learned":
         return LearnedPositionalEncoding(d_model, max_len)
     if kind == "rope":
-        return RotaryPositionalEncoding(d_model // n_heads, max_len, rope_base)
+        return RotaryPositionalEncoding(d_k or d_model // n_heads, max_len, rope_base,
+                                        rope_scaling)
     if kind == "alibi":
         return ALiBiPositionalEncoding(n_heads)
     if kind == "none":

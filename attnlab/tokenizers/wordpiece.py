@@ -9,6 +9,10 @@ marked ``##``: "embeddings" -> ``em ##bed ##ding ##s``. Inputs are framed as BER
 
 The ids are the vocabulary's own ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103 in the
 uncased English vocabulary), so a pretrained model's embedding rows line up.
+
+RoBERTa frames its byte-level BPE the same way with other names, ``<s> A </s>`` and
+``<s> A </s></s> B </s>`` (all token types 0), so :class:`RobertaTokenizer` is this class with
+RoBERTa's special tokens; the framing comes from its ``tokenizer.json``'s post-processor.
 """
 
 from __future__ import annotations
@@ -35,17 +39,17 @@ class WordPieceTokenizer(Tokenizer):
     ``encode_pair`` and ``batch`` (padded tensors with token types and attention mask)."""
 
     kind = "wordpiece"
+    specials = SPECIAL  # the vocabulary's pad, unk, cls, sep and mask tokens
 
     def __init__(self, backend: HFTokenizer):
         backend.no_padding()
         backend.no_truncation()
         self.backend = backend
-        ids = {t: backend.token_to_id(t) for t in SPECIAL}
+        ids = {t: backend.token_to_id(t) for t in self.specials}
         missing = [t for t, i in ids.items() if i is None]
         if missing:
-            raise BadInput(f"WordPiece vocabulary lacks the special token(s) {missing}")
-        self.pad_id, self.unk_id = ids["[PAD]"], ids["[UNK]"]
-        self.cls_id, self.sep_id, self.mask_id = ids["[CLS]"], ids["[SEP]"], ids["[MASK]"]
+            raise BadInput(f"{self.kind} vocabulary lacks the special token(s) {missing}")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids.values()
         self.bos_id, self.eos_id = self.cls_id, self.sep_id
         self.special_ids = sorted(ids.values())
 
@@ -171,3 +175,22 @@ class WordPieceTokenizer(Tokenizer):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WordPieceTokenizer:
         return cls(backend_from_str(json.dumps(data["tokenizer"]), "wordpiece tokenizer"))
+
+
+class RobertaTokenizer(WordPieceTokenizer):
+    """RoBERTa's byte-level BPE from its ``tokenizer.json``, behind the same encoder interface
+    (bos = ``<s>``, eos = ``</s>``; ``encode_single``, ``encode_pair``, ``batch``)."""
+
+    kind = "roberta-bpe"
+    specials = ["<pad>", "<unk>", "<s>", "</s>", "<mask>"]
+
+
+def encoder_tokenizer(folder: Path) -> WordPieceTokenizer:
+    """The tokenizer of a Hugging Face encoder folder: RoBERTa's when its ``tokenizer.json``
+    holds a BPE model, else WordPiece (``tokenizer.json`` or ``vocab.txt``)."""
+    path = folder / "tokenizer.json"
+    if path.exists():
+        model = read_json(path, "tokenizer JSON").get("model")
+        if isinstance(model, dict) and model.get("type") == "BPE":
+            return RobertaTokenizer.from_file(path)
+    return WordPieceTokenizer.from_file(folder)
