@@ -249,6 +249,9 @@ class ModelConfig:
             if self.kv_heads != self.n_heads:
                 raise BadInput("config field pruned_heads: heads are pruned only without "
                                "grouped-query attention (num_kv_heads = n_heads)")
+            if self.share_layers:
+                raise BadInput("config field pruned_heads: heads are not pruned from shared "
+                               "layers (share_layers=True)")
 
     def _check_vision(self) -> None:
         """A ViT needs its image and patch sizes (the patches tile the image), learned

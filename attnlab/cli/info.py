@@ -46,6 +46,12 @@ def cmd_info(args: argparse.Namespace) -> None:
     if config.share_layers:  # ALBERT: the parameter table counts the one layer once
         layers += ", one layer's weights shared by all"
         rows[1] = ("layers", layers)
+    if config.rope_scaling:
+        rows.insert(8, ("rope scaling", ", ".join(f"{k} {v}" for k, v in
+                                                  config.rope_scaling.items())))
+    if config.sliding_window is not None:  # Mistral
+        rows.insert(8, ("sliding window", f"{config.sliding_window} (query i sees keys "
+                                          f"i - {config.sliding_window} < j <= i)"))
     if config.arch == "encoder":
         rows += [("segment types", config.type_vocab_size), ("pooler", config.pooler),
                  ("head", config.head)]

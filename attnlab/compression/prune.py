@@ -149,6 +149,9 @@ def remove_heads(model: nn.Module, heads: dict[str, list[int]]) -> dict[str, lis
     """Remove the given heads (current indices per attention path) from ``model``, in place.
     Returns every layer's removed heads in original indices, for ``config.pruned_heads``
     (a layer pruned before keeps ``original_heads``, the original index of each head left)."""
+    if getattr(model.config, "share_layers", False):
+        raise BadInput("heads cannot be pruned from shared layers (share_layers=True, ALBERT): "
+                       "every layer is the same module")
     layers = attention_layers(model)
     pruned = dict(getattr(model.config, "pruned_heads", {}) or {})
     for path, drop in heads.items():

@@ -156,10 +156,10 @@ def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subj
             ids = torch.tensor([tokenizer.encode_single(sentence)])
             pieces = [tokenizer.backend.id_to_token(int(i)) for i in ids[0]]
             types = torch.zeros_like(ids)
-            positions = torch.arange(ids.shape[1])
+            positions = model.positions(ids).reshape(-1)  # RoBERTa's start after its pad id
             seg = model.segment(types)[0] if model.segment is not None else None
-            pos = model.positional.embed(torch.zeros(1, ids.shape[1], model.config.d_model),
-                                         positions)[0]
+            width = model.embed.weight.shape[1]  # E: ALBERT and ELECTRA embed narrower
+            pos = model.positional.embed(torch.zeros(1, ids.shape[1], width), positions)[0]
             summed = model.embed(ids)[0] + pos + (0 if seg is None else seg)
             norm = model.embed_norm  # LayerNorm written out: γ ⊙ (x − μ) / √(σ² + ε) + β
             x0 = summed
@@ -168,6 +168,9 @@ def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subj
                 var = summed.var(-1, unbiased=False, keepdim=True)
                 x0 = (summed - mu) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
             formula = "x₀ = LayerNorm(E[ids] + P[pos] + S[segment])"
+            if model.embed_proj is not None:  # factorised: lifted from E to d_model
+                x0 = model.embed_proj(x0)
+                formula = "x₀ = W_e · LayerNorm(E[ids] + P[pos] + S[segment]) + b_e"
 
             def forward():
                 model.encode(ids, types, torch.ones_like(ids), need_weights=True)
