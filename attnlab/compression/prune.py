@@ -178,7 +178,7 @@ def remove_heads(model: nn.Module, heads: dict[str, list[int]]) -> dict[str, lis
             new = MultiHeadAttention(layer.out_proj.out_features, len(keep), len(keep),
                                      bias=layer.out_proj.bias is not None,
                                      fused_qkv=layer.fused_qkv, dropout=layer.dropout,
-                                     head_dim=d_k)
+                                     head_dim=d_k, scale=layer.scale)
         new.to(dtype=layer.out_proj.weight.dtype).train(layer.training)
         if layer.fused_qkv:  # rows [Q | K | V], each h·d_k wide
             q = layer.q_dim

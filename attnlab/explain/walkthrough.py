@@ -34,6 +34,7 @@ from torch import Tensor
 from attnlab.errors import BadInput
 from attnlab.explain.subject import EncoderInput, OwnRun, Subject
 from attnlab.nn import scaled_dot_product_attention
+from attnlab.nn.feedforward import GATES
 
 
 @dataclass
@@ -154,15 +155,16 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
         add(Stage("V", "X · W_V + b_V", v))
         scores = q @ k.T
         add(Stage("scores", "Q · Kᵀ", scores))
-        add(Stage("scaled scores", f"Q · Kᵀ / √d_k  (√{d_k} = {math.sqrt(d_k):.4f})",
-                  scores / math.sqrt(d_k)))
+        scale = 1 / math.sqrt(d_k) if attn.scale is None else attn.scale  # T5: 1
+        add(Stage("scaled scores", f"Q · Kᵀ / √d_k  (√{d_k} = {math.sqrt(d_k):.4f})"
+                  if attn.scale is None else f"Q · Kᵀ · {scale:g}", scores * scale))
         seq = x.shape[0]
         bias = subject.positional.attention_bias(subject.positions, seq)
         mask = subject.mask
         add(Stage("mask", "True = may attend (one input, no padding: all True)",
                   mask.int()))
         # All heads at once (the head's stages are slices of these): (H, seq, seq)
-        scaled_all = q_all @ k_all.transpose(-2, -1) / math.sqrt(d_k)
+        scaled_all = q_all @ k_all.transpose(-2, -1) * scale
         if bias is not None:  # ALiBi's distance penalty, per head
             scaled_all = scaled_all + bias[0]
         weights_all = scaled_all.masked_fill(~mask, float("-inf")).softmax(-1)
@@ -196,7 +198,8 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
         ffn = block.ffn
         ffn_in = block.ffn_sublayer.norm(y) if block.ffn_sublayer.pre_norm else y
         hidden = ffn_in @ ffn.w1.weight.T + _bias(ffn.w1)
-        hidden = (F.silu(hidden) * (ffn_in @ ffn.w3.weight.T + _bias(ffn.w3))
+        hidden = (_activate(GATES[ffn.activation], hidden)
+                  * (ffn_in @ ffn.w3.weight.T + _bias(ffn.w3))
                   if ffn.w3 is not None else _activate(ffn.activation, hidden))
         add(Stage("feed-forward hidden", f"{ffn.activation}(Y · W₁ + b₁)", hidden,
                   f"W₁ {tuple(ffn.w1.weight.T.shape)}"))

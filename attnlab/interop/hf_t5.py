@@ -94,9 +94,8 @@ def t5_from_config(c: ModelConfig) -> dict:
 
 def t5_weights(c: ModelConfig):
     _check_t5(c)
+    # one embedding matrix for both stacks (attnlab's tgt_embed is src_embed: one vocabulary)
     rows = [("src_embed.weight", "shared.weight", False),
-            # the same matrix unless untied; written apart only when the model has its own
-            ("tgt_embed.weight", "decoder.embed_tokens.weight", False),
             ("lm_head.weight", "lm_head.weight", False),
             # the relative bias tables: one per stack, kept in its first layer
             ("positional.embedding.weight",
@@ -128,8 +127,8 @@ def t5_weights(c: ModelConfig):
 
 
 def t5_alternatives(name: str) -> list[str]:
-    # transformers stores one embedding matrix; the decoder's and the head's are it when tied
-    return ["shared.weight"] if name in ("decoder.embed_tokens.weight", "lm_head.weight") else []
+    # a folder that says untied but stores no lm_head: the head is the embedding matrix
+    return ["shared.weight"] if name == "lm_head.weight" else []
 
 
 register(Family("t5", "T5ForConditionalGeneration", t5_to_config, t5_from_config, t5_weights,

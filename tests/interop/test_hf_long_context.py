@@ -176,9 +176,9 @@ def test_a_llama_folder_cannot_hold_a_sliding_window(mistral, tmp_path):
 @pytest.mark.parametrize("preset", ["mistral-tiny", "mistral-7b"])
 def test_mistral_presets_count_as_transformers(preset):
     from attnlab.build import build_model
+    from attnlab.config import ModelConfig
     from attnlab.interop.hf_decoders import mistral_from_config
     from attnlab.params import count_parameters
-    from attnlab.config import ModelConfig
 
     config = ModelConfig.from_preset(preset)
     with torch.device("meta"):

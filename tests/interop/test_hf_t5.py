@@ -168,6 +168,12 @@ def test_beam_four_equals_transformers(pair):
     assert [until_eos(r) for r in got.tolist()] == [until_eos(r) for r in expected.tolist()]
 
 
+def test_both_styles_count_as_transformers(pair):
+    """One embedding matrix for both stacks, an untied head only where the folder has one."""
+    _, theirs, ours = pair
+    assert count_parameters(ours) == theirs.num_parameters()
+
+
 def test_t5_small_preset_has_t5_smalls_parameters(capsys):
     with torch.device("meta"):
         expected = transformers.T5ForConditionalGeneration(transformers.T5Config()).num_parameters()
