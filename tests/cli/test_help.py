@@ -44,13 +44,14 @@ def test_help_shows_every_default(name):
         assert shown >= 4
 
 
-@pytest.mark.parametrize("name, arch", [("attnlab train translate", None),
+@pytest.mark.parametrize("name, arch", [("attnlab train translate", "encoder-decoder"),
                                         ("attnlab train lm", "decoder"),
                                         ("attnlab train mlm", "encoder")])
 def test_preset_help_lists_the_presets_of_the_command(name, arch):
     text = " ".join(ALL[name].format_help().split()).replace("- ", "-")
     listed = text.split("model preset: ")[1].split(" (default")[0].split(", ")
-    assert listed == [p for p, fields in PRESETS.items() if fields.get("arch") == arch]
+    assert listed == [p for p, fields in PRESETS.items()
+                      if fields.get("arch", "encoder-decoder") == arch]
 
 
 def test_version_prints_the_package_version(capsys):
