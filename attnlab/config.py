@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import BadInput, MissingFile
+from attnlab.presets import PRESETS
 
 CHOICES = {
     "arch": ("encoder-decoder", "decoder", "encoder", "vision"),
@@ -26,9 +27,11 @@ CHOICES = {
     "activation": ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"),
     "head": ("none", "mlm", "pretraining", "classify", "tokens", "discriminator"),
 }
+_ROPE_OPTIONAL = ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                  "attention_factor", "mscale", "mscale_all_dim")
 GATED = ("swiglu", "geglu")  # activations with a gated third matrix: act(x·W₁) ⊙ x·W₃
 # HF's rope_scaling types (rope_parameters' "rope_type") and the fields each one needs
-ROPE_SCALING = {"linear": ("factor",), "dynamic": ("factor",),
+ROPE_SCALING = {"linear": ("factor",), "dynamic": ("factor", "original_max_position_embeddings"),
                 "yarn": ("factor", "original_max_position_embeddings"),
                 "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
                            "high_freq_factor")}
@@ -150,6 +153,9 @@ class ModelConfig:
     fused_qkv: bool = False
     scale_embeddings: bool = True  # × √d_model (paper, section 3.4)
     tie_embeddings: bool = True  # source = target embedding = output projection (section 3.4)
+    # an encoder–decoder with one vocabulary and an untied head: one embedding matrix for both
+    # stacks all the same (T5 v1.1, Flan-T5); tied models share it anyway
+    share_embeddings: bool = False
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     scale_tied_logits: bool = False  # T5: logits = (h · d_model^-½) · Eᵀ with a tied head
     type_vocab_size: int = 0  # segment (token-type) embeddings, BERT's sentence A/B; 0: none
@@ -225,13 +231,43 @@ class ModelConfig:
                         or not value > 0:
                     raise BadInput(f"config field rope_scaling: {kind} needs a positive "
                                    f"{name}, got {value!r}")
+            for name in _ROPE_OPTIONAL:  # yarn's optional numbers
+                value = self.rope_scaling.get(name)
+                if value is not None and (isinstance(value, bool) or not isinstance(
+                        value, (int, float)) or not value > 0):
+                    raise BadInput(f"config field rope_scaling: {name} must be a positive "
+                                   f"number, got {value!r}")
+            if not isinstance(self.rope_scaling.get("truncate", True), bool):
+                raise BadInput(f"config field rope_scaling: truncate must be true or false, got "
+                               f"{self.rope_scaling['truncate']!r}")
+            unknown = set(self.rope_scaling) - {"rope_type", *ROPE_SCALING[kind],
+                                                *_ROPE_OPTIONAL, "truncate"}
+            if unknown:
+                raise BadInput(f"config field rope_scaling: unknown field(s) "
+                               f"{', '.join(sorted(unknown))} for {kind}")
+            if kind == "llama3" and not (self.rope_scaling["high_freq_factor"]
+                                         > self.rope_scaling["low_freq_factor"]):
+                raise BadInput("config field rope_scaling: llama3 needs high_freq_factor > "
+                               "low_freq_factor")
+            if self.rope_base <= 1 or self.d_k < 4:  # the formulas divide by log(base), d − 2
+                raise BadInput(f"config: rope_scaling needs rope_base > 1 and d_k >= 4, got "
+                               f"{self.rope_base} and {self.d_k}")
+        buckets, distance = self.relative_buckets, self.relative_max_distance
+        if self.positional == "relative" and (buckets < 4 or distance <= buckets // 2):
+            # each direction needs exact buckets (buckets/4 of them) and room for log ones
+            raise BadInput(f"config: relative_buckets must be >= 4 and relative_max_distance > "
+                           f"relative_buckets / 2, got {self.relative_buckets} and "
+                           f"{self.relative_max_distance}")
+        if self.share_layers and self.arch != "encoder":
+            raise BadInput(f"config: share_layers (ALBERT) is for encoders, got "
+                           f"arch={self.arch!r}")
         if self.sliding_window is not None and (self.arch != "decoder"
                                                 or self.positional in ("alibi", "relative")):
             raise BadInput(f"config: sliding_window is for decoders without a score bias, got "
                            f"arch={self.arch!r}, positional={self.positional!r}")
-        if self.positional == "relative" and self.arch not in ("encoder-decoder", "encoder"):
-            raise BadInput(f"config: positional='relative' (T5) is for encoders and "
-                           f"encoder-decoders, got arch={self.arch!r}")
+        if self.positional == "relative" and self.arch != "encoder-decoder":
+            raise BadInput(f"config: positional='relative' (T5) is for encoder-decoders, got "
+                           f"arch={self.arch!r}")
 
     def _check_pruned_heads(self) -> None:
         if not isinstance(self.pruned_heads, dict):
@@ -353,121 +389,3 @@ class ModelConfig:
         if name not in PRESETS:
             raise BadInput(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
-
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # The paper, Table 3: 6 + 6 layers, post-LN, ReLU, sinusoidal, shared tied embeddings.
-    "base": {},
-    "big": dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3),
-    # Sized for a 2-core CPU: minutes, not days.
-    "small": dict(
-        vocab_size=8000, d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3,
-        n_decoder_layers=3, max_len=512,
-    ),
-    "tiny": dict(
-        vocab_size=1000, d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2,
-        n_decoder_layers=2, max_len=256,
-    ),
-}
-
-# Decoder-only families (attnlab.models.GPT): the encoder layer run causally, pre-LN.
-_GPT2 = dict(
-    arch="decoder", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=0,
-    n_decoder_layers=12, dropout=0.1, max_len=1024, positional="learned", norm_eps=1e-5,
-    norm_placement="pre", activation="gelu_tanh", fused_qkv=True, scale_embeddings=False,
-    pad_id=50256, unk_id=50256, bos_id=50256, eos_id=50256,
-)
-_LLAMA = dict(  # the shape of SmolLM2-135M, a Llama-architecture model
-    arch="decoder", vocab_size=49152, d_model=576, n_heads=9, num_kv_heads=3, d_ff=1536,
-    n_encoder_layers=0, n_decoder_layers=30, dropout=0.0, max_len=8192, positional="rope",
-    rope_base=100000.0, norm="rmsnorm", norm_eps=1e-5, norm_placement="pre",
-    activation="swiglu", bias=False, scale_embeddings=False, pad_id=2, unk_id=0, bos_id=1,
-    eos_id=2,
-)
-PRESETS.update({
-    "gpt2": _GPT2,
-    "gpt-mini": {**_GPT2, "vocab_size": 256, "d_model": 128, "n_heads": 4, "d_ff": 512,
-                 "n_decoder_layers": 4, "max_len": 256, "dropout": 0.0},
-    "llama": _LLAMA,
-    "llama-mini": {**_LLAMA, "vocab_size": 256, "d_model": 128, "n_heads": 4, "num_kv_heads": 2,
-                   "d_ff": 344, "n_decoder_layers": 4, "max_len": 256, "rope_base": 10000.0},
-})
-
-# Encoder-only (attnlab.models.BERT): post-LN, exact GELU, learned positions, segment embeddings
-# and a LayerNorm on their sum, ε = 1e-12; ids of the uncased WordPiece vocabulary.
-_BERT = dict(
-    arch="encoder", vocab_size=30522, d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=12,
-    n_decoder_layers=0, dropout=0.1, attention_dropout=0.1, max_len=512, positional="learned",
-    norm_eps=1e-12, norm_placement="post", activation="gelu", scale_embeddings=False,
-    type_vocab_size=2, embedding_norm=True, pad_id=0, unk_id=100, bos_id=101, eos_id=102,
-)
-PRESETS.update({
-    "bert-base": _BERT,
-    "bert-large": {**_BERT, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "n_encoder_layers": 24},
-    # Google's compact BERTs (Turc et al., 2019): BERT-mini is L=4, H=256; BERT-tiny L=2, H=128.
-    "bert-mini": {**_BERT, "d_model": 256, "n_heads": 4, "d_ff": 1024, "n_encoder_layers": 4},
-    "bert-tiny": {**_BERT, "d_model": 128, "n_heads": 2, "d_ff": 512, "n_encoder_layers": 2},
-})
-
-# Vision Transformer (attnlab.models.ViT, Dosovitskiy et al., 2021): the encoder, pre-LN, exact
-# GELU, a final norm, learned positions for [CLS] + the patches, ε = 1e-12 (as in transformers).
-_VIT = dict(
-    arch="vision", d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=12, n_decoder_layers=0,
-    dropout=0.0, attention_dropout=0.0, max_len=197, positional="learned", norm_eps=1e-12,
-    norm_placement="pre", activation="gelu", scale_embeddings=False, head="classify",
-    num_labels=1000, image_size=224, patch_size=16, num_channels=3,
-)
-PRESETS.update({
-    "vit-base": _VIT,  # ViT-B/16 (the paper, Table 1), 224 × 224 RGB, ImageNet's 1000 classes
-    # 8 × 8 grayscale digits (sklearn's digits): 16 patches of 2 × 2 pixels, 10 classes
-    "vit-tiny": {**_VIT, "d_model": 64, "n_heads": 4, "d_ff": 128, "n_encoder_layers": 4,
-                 "max_len": 17, "dropout": 0.1, "num_labels": 10, "image_size": 8,
-                 "patch_size": 2, "num_channels": 1},
-})
-
-# Mistral (Jiang et al., 2023): Llama with sliding-window attention, untied; Mistral-7B-v0.1,
-# and "mistral-tiny", a small model of its proportions (4 layers, a window of 256 positions)
-_MISTRAL = {**_LLAMA, "vocab_size": 32000, "d_model": 4096, "n_heads": 32, "num_kv_heads": 8,
-            "d_ff": 14336, "n_decoder_layers": 32, "max_len": 32768, "rope_base": 10000.0,
-            "sliding_window": 4096, "tie_embeddings": False, "pad_id": 0, "unk_id": 0,
-            "bos_id": 1, "eos_id": 2}
-PRESETS.update({
-    "mistral-7b": _MISTRAL,
-    "mistral-tiny": {**_MISTRAL, "d_model": 256, "n_heads": 4, "num_kv_heads": 2, "d_ff": 896,
-                     "n_decoder_layers": 4, "max_len": 1024, "sliding_window": 256},
-})
-
-# BERT's descendants, as configurations of the same model (attnlab.models.BERT):
-# RoBERTa (Liu et al., 2019): byte-level BPE ids, positions counted from pad_id + 1 (so 514
-# rows for 512 tokens), a one-row token-type table; ALBERT (Lan et al., 2020), albert-base-v2:
-# embeddings 128 wide lifted to 768, one layer shared by all 12, GELU's tanh form, no dropout;
-# DistilBERT (Sanh et al., 2019): 6 layers, no token types, no pooler; ELECTRA (Clark et al.,
-# 2020), the small discriminator: embeddings 128 wide projected to 256, no pooler.
-PRESETS.update({
-    "roberta-base": {**_BERT, "vocab_size": 50265, "max_len": 514, "type_vocab_size": 1,
-                     "norm_eps": 1e-5, "position_offset": 2, "pad_id": 1, "unk_id": 3,
-                     "bos_id": 0, "eos_id": 2},
-    "albert-base": {**_BERT, "vocab_size": 30000, "embedding_size": 128, "share_layers": True,
-                    "activation": "gelu_tanh", "dropout": 0.0, "attention_dropout": 0.0,
-                    "pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3},
-    "distilbert-base": {**_BERT, "n_encoder_layers": 6, "type_vocab_size": 0, "pooler": False},
-    "electra-small": {**_BERT, "embedding_size": 128, "d_model": 256, "n_heads": 4,
-                      "d_ff": 1024, "pooler": False},
-})
-
-# T5 (Raffel et al., 2020; attnlab.models.Transformer): pre-LN RMSNorm with a final norm, no
-# biases, no √d scale on the embeddings or 1/√d_k on the scores, a learned relative position
-# bias per stack, ReLU and a tied head scaled by d^-½ (v1.0); the shape of transformers'
-# T5Config() defaults, i.e. t5-small. Decoding starts from the pad id 0 and ends at eos 1.
-_T5 = dict(
-    arch="encoder-decoder", vocab_size=32128, d_model=512, n_heads=8, head_dim=64, d_ff=2048,
-    n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, attention_dropout=0.1,
-    activation_dropout=0.1, max_len=512, positional="relative", relative_buckets=32,
-    relative_max_distance=128, scale_attention=False, norm="rmsnorm", norm_eps=1e-6,
-    norm_placement="pre", final_norm=True, activation="relu", bias=False,
-    scale_embeddings=False, tie_embeddings=True, scale_tied_logits=True, pad_id=0, unk_id=2,
-    bos_id=0, eos_id=1,
-)
-PRESETS.update({
-    "t5-small": _T5,
-})

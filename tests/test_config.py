@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from attnlab import PRESETS, ModelConfig
@@ -49,3 +51,29 @@ def test_bad_json_names_file_and_line(tmp_path):
     path.write_text('{\n  "d_model": 64,\n  oops\n}')
     with pytest.raises(ValueError, match=r"c\.json:3: invalid JSON"):
         ModelConfig.from_json(path)
+
+
+@pytest.mark.parametrize("preset, fields, message", [
+    ("t5-small", dict(relative_buckets=3), "relative_buckets must be >= 4"),
+    ("t5-small", dict(relative_buckets=32, relative_max_distance=16),
+     "relative_max_distance > relative_buckets / 2"),
+    ("bert-tiny", dict(positional="relative"), "positional='relative' (T5) is for encoder-dec"),
+    ("gpt-mini", dict(share_layers=True), "share_layers (ALBERT) is for encoders"),
+    ("bert-tiny", dict(sliding_window=4), "sliding_window is for decoders"),
+    ("llama-mini", dict(rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                      "original_max_position_embeddings": 64,
+                                      "beta_fast": "x"}), "beta_fast must be a positive number"),
+    ("llama-mini", dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "scale": 3}),
+     "unknown field(s) scale for linear"),
+    ("llama-mini", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+     "dynamic needs a positive original_max_position_embeddings"),
+    ("llama-mini", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                      "original_max_position_embeddings": 64,
+                                      "low_freq_factor": 4.0, "high_freq_factor": 4.0}),
+     "high_freq_factor > low_freq_factor"),
+    ("llama-mini", dict(rope_base=1.0, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "rope_base > 1"),
+])
+def test_the_new_families_knobs_are_checked(preset, fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig.from_preset(preset, **fields)

@@ -104,7 +104,7 @@ def record_run(layers: nn.ModuleList, forward: Callable[[], object],
         run.attention_outputs.append(out[0][0].detach())  # out = (output, weights)
 
     hooks = []
-    for layer in layers:
+    for layer in dict.fromkeys(layers):  # a shared layer (ALBERT) is hooked once, runs N times
         hooks.append(layer.register_forward_hook(record_layer))
         hooks.append(layer.self_attn.register_forward_hook(record_attention))
     try:

@@ -20,6 +20,7 @@ from attnlab.interop.huggingface import (
     activation_from_hf,
     activation_to_hf,
     register,
+    require,
 )
 
 _CLASSES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForPreTraining": "pretraining",
@@ -108,7 +109,10 @@ def bert_fields(hf: dict, family: str) -> dict:
 
 
 def bert_hf_fields(c: ModelConfig, family: str) -> dict:
-    """The config.json fields :func:`bert_fields` reads, from a config."""
+    """The config.json fields :func:`bert_fields` reads, from a config (``family``: the
+    transformers class, for errors); the parts every BERT-shaped family stores alike are
+    checked first."""
+    require_bert_shape(c, family)
     return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, num_attention_heads=c.n_heads,
                 intermediate_size=c.d_ff, num_hidden_layers=c.n_encoder_layers,
                 hidden_act=activation_to_hf(c, family), hidden_dropout_prob=c.dropout,
@@ -117,6 +121,14 @@ def bert_hf_fields(c: ModelConfig, family: str) -> dict:
                 layer_norm_eps=c.norm_eps, pad_token_id=c.pad_id,
                 position_embedding_type="absolute", tie_word_embeddings=True,
                 **labels_to_hf(c))
+
+
+def require_bert_shape(c: ModelConfig, cls: str) -> None:
+    """What BERT and its descendants share: post-LN LayerNorm with biases, learned absolute
+    positions, a normed embedding sum, separate Q/K/V projections scaled by 1/√d_k."""
+    require(c, cls, positional="learned", norm="layernorm", norm_placement="post",
+            use_final_norm=False, bias=True, embedding_norm=True, fused_qkv=False,
+            scale_attention=True, head_dim=None, kv_heads=c.n_heads, scale_embeddings=False)
 
 
 def bert_to_config(hf: dict) -> ModelConfig:
@@ -129,6 +141,8 @@ def bert_to_config(hf: dict) -> ModelConfig:
 
 
 def bert_from_config(c: ModelConfig) -> dict:
+    require(c, "BertModel", position_offset=0, share_layers=False, embedding_size=None,
+            pooler=True, type_vocab_size=lambda v: v >= 1)
     return bert_hf_fields(c, "BertModel")
 
 

@@ -14,6 +14,7 @@ from attnlab.interop.huggingface import (
     activation_from_hf,
     activation_to_hf,
     register,
+    require,
 )
 
 # transformers' defaults for fields a config.json may leave out (GPT2Config, LlamaConfig)
@@ -21,6 +22,10 @@ _GPT2_DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12
                       activation_function="gelu_new")
 _LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                        num_hidden_layers=32, num_attention_heads=32, hidden_act="silu")
+_MISTRAL_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         max_position_embeddings=4096 * 32, sliding_window=4096,
+                         hidden_act="silu", rms_norm_eps=1e-6)
 
 
 def _require(hf: dict, field: str, allowed, what: str):
@@ -50,6 +55,9 @@ def gpt2_to_config(hf: dict) -> ModelConfig:
 
 def gpt2_from_config(c: ModelConfig) -> dict:
     act = activation_to_hf(c, "GPT2LMHeadModel")
+    require(c, "GPT2LMHeadModel", positional="learned", norm="layernorm", norm_placement="pre",
+            use_final_norm=True, bias=True, fused_qkv=True, kv_heads=c.n_heads, head_dim=None,
+            scale_attention=True, scale_embeddings=False, sliding_window=None)
     return dict(vocab_size=c.vocab_size, n_embd=c.d_model, n_head=c.n_heads,
                 n_layer=c.n_decoder_layers, n_inner=c.d_ff, n_positions=c.max_len,
                 activation_function=act,
@@ -105,9 +113,10 @@ def rope_from_hf(hf: dict) -> tuple[float, dict, int]:
     scaling["rope_type"] = kind
     if kind == "yarn" and "factor" not in scaling and "original_max_position_embeddings" in params:
         scaling["factor"] = max_len / params["original_max_position_embeddings"]
-    if kind in ("yarn", "llama3", "dynamic"):
+    if kind in ("yarn", "llama3"):
         scaling.setdefault("original_max_position_embeddings", max_len)
-    if kind == "dynamic":
+    if kind == "dynamic":  # transformers' trained length is max_position_embeddings, always
+        scaling["original_max_position_embeddings"] = max_len
         max_len = int(max_len * float(scaling.get("factor", 1)))
     return base, scaling, max_len
 
@@ -123,7 +132,7 @@ def rope_to_hf(c: ModelConfig) -> dict:
 
 
 def llama_to_config(hf: dict, model_type: str = "llama") -> ModelConfig:
-    hf = {**_LLAMA_DEFAULTS, **hf}
+    hf = {**(_MISTRAL_DEFAULTS if model_type == "mistral" else _LLAMA_DEFAULTS), **hf}
     _require(hf, "hidden_act", ("silu",), model_type)
     rope_base, rope_scaling, max_len = rope_from_hf(hf)
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
@@ -166,6 +175,9 @@ def llama_from_config(c: ModelConfig) -> dict:
 
 
 def _llama_fields(c: ModelConfig) -> dict:
+    require(c, "LlamaForCausalLM", positional="rope", norm="rmsnorm", norm_placement="pre",
+            use_final_norm=True, activation="swiglu", fused_qkv=False, scale_attention=True,
+            scale_embeddings=False)
     return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, num_attention_heads=c.n_heads,
                 num_key_value_heads=c.kv_heads, intermediate_size=c.d_ff,
                 num_hidden_layers=c.n_decoder_layers, **rope_to_hf(c),

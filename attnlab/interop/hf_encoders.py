@@ -33,8 +33,15 @@ from attnlab.interop.hf_bert import (
     labels_to_hf,
     linear_rows,
     prefix_alternatives,
+    require_bert_shape,
 )
-from attnlab.interop.huggingface import Family, activation_from_hf, activation_to_hf, register
+from attnlab.interop.huggingface import (
+    Family,
+    activation_from_hf,
+    activation_to_hf,
+    register,
+    require,
+)
 
 # transformers' config defaults (the published base shapes), for fields a config.json omits
 _ROBERTA_DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_attention_heads=12,
@@ -117,6 +124,8 @@ def roberta_from_config(c: ModelConfig) -> dict:
     if c.position_offset != c.pad_id + 1:
         raise BadInput(f"position_offset={c.position_offset} has no RoBERTa equivalent (RoBERTa "
                        f"counts positions from pad_id + 1 = {c.pad_id + 1})")
+    require(c, "RobertaModel", share_layers=False, embedding_size=None, pooler=True,
+            type_vocab_size=lambda v: v >= 1)
     return {**bert_hf_fields(c, "RobertaModel"), "bos_token_id": c.bos_id,
             "eos_token_id": c.eos_id}
 
@@ -164,8 +173,8 @@ def albert_to_config(hf: dict) -> ModelConfig:
 
 
 def albert_from_config(c: ModelConfig) -> dict:
-    if not c.share_layers:
-        raise BadInput("share_layers=False has no ALBERT equivalent (one layer, shared)")
+    require(c, "AlbertModel", share_layers=True, position_offset=0, pooler=True,
+            type_vocab_size=lambda v: v >= 1)
     return {**bert_hf_fields(c, "AlbertModel"), "embedding_size": c.embedding_size or c.d_model,
             "num_hidden_groups": 1, "inner_group_num": 1, "bos_token_id": c.bos_id,
             "eos_token_id": c.eos_id}
@@ -217,6 +226,9 @@ def distilbert_to_config(hf: dict) -> ModelConfig:
 
 
 def distilbert_from_config(c: ModelConfig) -> dict:
+    require_bert_shape(c, "DistilBertModel")
+    require(c, "DistilBertModel", type_vocab_size=0, pooler=False, share_layers=False,
+            position_offset=0, embedding_size=None, norm_eps=1e-12)
     return dict(vocab_size=c.vocab_size, dim=c.d_model, n_heads=c.n_heads, hidden_dim=c.d_ff,
                 n_layers=c.n_encoder_layers, max_position_embeddings=c.max_len,
                 sinusoidal_pos_embds=False, dropout=c.dropout,
@@ -248,6 +260,8 @@ def electra_to_config(hf: dict) -> ModelConfig:
 
 
 def electra_from_config(c: ModelConfig) -> dict:
+    require(c, "ElectraModel", pooler=False, share_layers=False, position_offset=0,
+            type_vocab_size=lambda v: v >= 1)
     return {**bert_hf_fields(c, "ElectraModel"), "embedding_size": c.embedding_size or c.d_model}
 
 

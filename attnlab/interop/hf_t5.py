@@ -37,7 +37,12 @@ def _one_id(hf: dict, field: str, default: int) -> int:
     return default if value is None else value
 
 
+# transformers' T5Config defaults (t5-small), for fields a config.json may leave out
+_DEFAULTS = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8)
+
+
 def t5_to_config(hf: dict) -> ModelConfig:
+    hf = {**_DEFAULTS, **hf}
     proj = hf.get("feed_forward_proj", "relu")
     if proj not in FEED_FORWARD:
         raise BadInput(f"feed_forward_proj={proj!r} is not supported for t5 "
@@ -50,7 +55,8 @@ def t5_to_config(hf: dict) -> ModelConfig:
         arch="encoder-decoder", vocab_size=hf["vocab_size"], d_model=hf["d_model"],
         n_heads=hf["num_heads"], head_dim=hf["d_kv"], d_ff=hf["d_ff"],
         n_encoder_layers=hf["num_layers"],
-        n_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
+        n_decoder_layers=hf["num_layers"] if hf.get("num_decoder_layers") is None
+        else hf["num_decoder_layers"],
         # T5 has one dropout rate: sublayer outputs, attention weights, inside the FFN
         dropout=dropout, attention_dropout=dropout, activation_dropout=dropout,
         max_len=hf.get("n_positions", 512),  # only a default length: the bias extrapolates
@@ -58,7 +64,8 @@ def t5_to_config(hf: dict) -> ModelConfig:
         relative_max_distance=hf.get("relative_attention_max_distance", 128),
         scale_attention=False, norm="rmsnorm", norm_eps=hf.get("layer_norm_epsilon", 1e-6),
         norm_placement="pre", final_norm=True, activation=FEED_FORWARD[proj], bias=False,
-        scale_embeddings=False, tie_embeddings=tied and scaled, scale_tied_logits=scaled,
+        scale_embeddings=False, tie_embeddings=tied and scaled, share_embeddings=True,
+        scale_tied_logits=scaled,
         pad_id=pad, unk_id=_one_id(hf, "unk_token_id", 2),
         bos_id=_one_id(hf, "decoder_start_token_id", pad), eos_id=_one_id(hf, "eos_token_id", 1),
         extra={"hf_model_type": "t5"},
@@ -71,12 +78,12 @@ def _check_t5(c: ModelConfig) -> None:
                and c.use_final_norm and not c.bias and not c.scale_attention
                and not c.scale_embeddings and not c.fused_qkv and not c.output_bias
                and c.kv_heads == c.n_heads and c.tgt_vocab_size is None
-               and c.activation in TO_FEED_FORWARD)
+               and (c.tie_embeddings or c.share_embeddings) and c.activation in TO_FEED_FORWARD)
     if not t5_like:
         raise BadInput("this configuration has no T5ForConditionalGeneration equivalent (T5 "
                        "needs positional='relative', pre-LN RMSNorm with a final norm, no "
-                       "biases, unscaled scores and embeddings, one vocabulary, activation "
-                       f"in {sorted(TO_FEED_FORWARD)})")
+                       "biases, unscaled scores and embeddings, one vocabulary in one embedding "
+                       f"matrix, activation in {sorted(TO_FEED_FORWARD)})")
 
 
 def t5_from_config(c: ModelConfig) -> dict:

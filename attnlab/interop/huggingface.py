@@ -64,6 +64,16 @@ def activation_to_hf(config: ModelConfig, family: str) -> str:
     return TO_HF_ACTIVATION[config.activation]
 
 
+def require(c: ModelConfig, cls: str, **expected) -> None:
+    """A one-line BadInput naming the first field of ``c`` that ``cls`` cannot store: each
+    keyword is a field and the value it must have (or a predicate it must pass). Every family's
+    writer checks this first, so a model is never saved as a family that would drop a part."""
+    for name, want in expected.items():
+        have = getattr(c, name)
+        if not (want(have) if callable(want) else have == want):
+            raise BadInput(f"{name}={have!r} has no {cls} equivalent")
+
+
 def register(family: Family) -> Family:
     FAMILIES[family.model_type] = family
     return family
@@ -214,6 +224,9 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
     config: ModelConfig = model.config
     model_type = config.extra.get("hf_model_type") or _default_type(config)
     family = FAMILIES[model_type]
+    # the family's config first: it refuses what it cannot store, before anything is written
+    hf = {"architectures": [family.class_name(config)], "model_type": model_type,
+          **family.from_config(config)}
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     ours_state = model.state_dict()
@@ -224,8 +237,6 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
             continue
         out[theirs] = _to_theirs(ours_state[ours].detach(), transpose).contiguous().clone()
     save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    hf = {"architectures": [family.class_name(config)], "model_type": model_type,
-          **family.from_config(config)}
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     return folder
 
@@ -235,7 +246,15 @@ def _default_type(config: ModelConfig) -> str:
         if config.positional != "rope":
             return "gpt2"
         return "llama" if config.sliding_window is None else "mistral"
-    if config.arch == "encoder":
+    if config.arch == "encoder":  # the knob each descendant alone turns
+        if config.position_offset:
+            return "roberta"
+        if config.share_layers:
+            return "albert"
+        if not config.pooler and not config.type_vocab_size:
+            return "distilbert"
+        if config.head == "discriminator" or config.embedding_size or not config.pooler:
+            return "electra"
         return "bert"
     if config.arch == "encoder-decoder":
         return "t5" if config.positional == "relative" else "marian"

@@ -142,7 +142,8 @@ class BERT(nn.Module):
         ``attention_mask (batch, seq)``: True/1 at real tokens, False/0 at padding; padded keys
         get no attention (the mask's rows broadcast over queries and heads).
         """
-        self.config.check_length(ids.shape[1])
+        # RoBERTa's first position_offset rows of P belong to no token: fewer tokens fit
+        self.config.check_length(ids.shape[1] + self.config.position_offset)
         positions = self.positions(ids)
         x = self.embed_dropout(self.embeddings(ids, token_type_ids, positions))
         if self.embed_proj is not None:

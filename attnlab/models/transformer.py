@@ -4,10 +4,11 @@
     hidden = Decoder(Dropout(Emb(tgt)·√d + PE), memory)            (batch, tgt_len, d_model)
     logits = hidden · Eᵀ                                            (batch, tgt_len, vocab)
 
-With one vocabulary one matrix E serves as source and target embedding, and with
-``tie_embeddings`` as the output projection too (section 3.4). Source padding is derived from
-``config.pad_id``. Target padding needs no mask: pads trail the real tokens, so causal masking
-already hides them from every real position, and their own outputs are dropped by the loss.
+With ``tie_embeddings`` one matrix E serves as source embedding, target embedding and output
+projection (section 3.4); ``share_embeddings`` keeps one E for both stacks with a head of its
+own (T5 v1.1). Source padding is derived from ``config.pad_id``. Target padding needs no mask:
+pads trail the real tokens, so causal masking already hides them from every real position, and
+their own outputs are dropped by the loss.
 
 T5 (Raffel et al., 2020) is a configuration of the same model: pre-LN with RMSNorm and a final
 norm, no biases, no embedding scale and no PE. Position enters as a learned bias on the
@@ -50,9 +51,10 @@ class Transformer(nn.Module):
         self.config = config
         d = config.d_model
         self.src_embed = TokenEmbedding(config.vocab_size, d, config.scale_embeddings)
-        # One vocabulary, one embedding matrix for both sides (the paper, Marian, T5);
-        # tie_embeddings decides only whether the output projection is that matrix too.
-        shared = config.tgt_vocab_size is None
+        # One matrix for both sides when the head is tied to it (the paper, Marian) or when
+        # the config says so (T5 v1.1: shared embeddings, its own head).
+        shared = ((config.tie_embeddings or config.share_embeddings)
+                  and config.tgt_vocab_size is None)
         self.tgt_embed = (
             self.src_embed if shared
             else TokenEmbedding(config.target_vocab_size, d, config.scale_embeddings)

@@ -62,6 +62,7 @@ class MultiHeadAttention(nn.Module):
         self.q_dim, self.kv_dim = n_heads * self.d_k, num_kv_heads * self.d_k
         self.dropout = dropout
         self.scale = scale
+        self.original_heads = list(range(n_heads))  # after pruning: the index each had before
         if fused_qkv:
             self.qkv = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
         else:
@@ -139,6 +140,8 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.k, cache.v
         elif cache is not None:
             k, v = cache.append(k, v)
+        if bias is not None and bias.shape[1] > 1 and bias.shape[1] != self.n_heads:
+            bias = bias[:, self.original_heads]  # pruned: the bias rows of the heads left
         result = scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, need_weights=need_weights,
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale,

@@ -150,10 +150,14 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self.register_buffer("sin", sin, persistent=False)
 
     def _table(self, positions: Tensor, seq_len: int | None) -> tuple[Tensor, Tensor]:
-        """cos and sin of pos·θ_i (times yarn's attention factor): ``(..., d_k)`` float32."""
+        """cos and sin of pos·θ_i (times yarn's attention factor): ``(..., d_k)`` float32.
+
+        The fixed tables are made once, in float64 (then rounded); dynamic NTK's, made per
+        call, in float32 as transformers makes them (and as every device can)."""
         d_k, _, base, scaling = self._args
         theta, factor = scaled_frequencies(d_k, base, scaling, seq_len)
-        angles = positions.to(torch.float64)[..., None] * theta.to(positions.device)
+        dtype = torch.float32 if self.dynamic else torch.float64
+        angles = positions.to(dtype)[..., None] * theta.to(positions.device, dtype)
         angles = torch.cat([angles, angles], dim=-1)
         return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 

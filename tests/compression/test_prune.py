@@ -68,6 +68,30 @@ def test_removing_heads_takes_exactly_their_parameters_and_equals_masking(preset
     assert change > 1e-2  # the heads mattered
 
 
+@pytest.mark.parametrize("preset, fields", [
+    ("t5-small", dict(n_encoder_layers=2, n_decoder_layers=2, head_dim=None)),  # T5's bias
+    ("gpt-mini", dict(n_decoder_layers=2, positional="alibi")),
+])
+def test_pruned_heads_keep_their_rows_of_the_shared_position_bias(preset, fields):
+    """The stack computes one score bias for all heads; a pruned layer takes its heads' rows."""
+    config = ModelConfig.from_preset(preset, vocab_size=40, d_model=64, n_heads=4, d_ff=128,
+                                     max_len=32, dropout=0.0, attention_dropout=0.0,
+                                     activation_dropout=0.0, **fields)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    ids = torch.randint(4, 40, (2, 10), generator=torch.Generator().manual_seed(1))
+    paths = list(attention_layers(model))
+    drop = {paths[0]: [1, 3], paths[-1]: [0]}
+    gates = {p: torch.ones(4) for p in paths}
+    for p, hs in drop.items():
+        gates[p][hs] = 0
+    with head_gates(model, gates):
+        masked = run(model, ids)
+    pruned = copy.deepcopy(model)
+    remove_heads(pruned, drop)
+    assert torch.allclose(run(pruned, ids), masked, atol=1e-5)
+
+
 def test_a_second_pruning_counts_in_original_heads_and_round_trips(tmp_path):
     model = tiny("bert-mini")
     path = next(iter(attention_layers(model)))

@@ -1,6 +1,8 @@
 """RoBERTa, ALBERT, DistilBERT and ELECTRA: random-weight transformers models (each supported
 head) saved locally, loaded into attnlab's one BERT model, compared on a padded batch."""
 
+import re
+
 import pytest
 import torch
 import transformers
@@ -258,3 +260,41 @@ def test_roberta_folder_loads_with_its_byte_level_bpe(tmp_path):
         got = loaded.model(batch["ids"], None, batch["attention_mask"])
         want = theirs(**expected).last_hidden_state
     assert (got - want).abs().max() <= 1e-4
+
+
+SMALL = dict(vocab_size=100, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=2, max_len=40,
+             dropout=0.0, attention_dropout=0.0)
+
+
+@pytest.mark.parametrize("preset, cls", [
+    ("bert-tiny", "BertModel"), ("roberta-base", "RobertaModel"), ("albert-base", "AlbertModel"),
+    ("distilbert-base", "DistilBertModel"), ("electra-small", "ElectraModel")])
+def test_a_model_built_from_a_preset_saves_as_its_family(preset, cls, tmp_path):
+    """No hf_model_type recorded: the knob each descendant turns picks its family."""
+    factorised = {"embedding_size": 16} if preset in ("albert-base", "electra-small") else {}
+    torch.manual_seed(0)
+    ours = build_model(ModelConfig.from_preset(preset, **SMALL, **factorised)).eval()
+    save_pretrained(ours, tmp_path)
+    theirs = getattr(transformers, cls).from_pretrained(tmp_path).eval()
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = ours(ids) - theirs(ids).last_hidden_state
+    assert diff.abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("family, change, message", [
+    ("bert", {"share_layers": True}, "share_layers=True has no BertModel equivalent"),
+    ("bert", {"norm_placement": "pre"}, "norm_placement='pre' has no BertModel equivalent"),
+    ("roberta", {"embedding_size": 16}, "embedding_size=16 has no RobertaModel equivalent"),
+    ("distilbert", {"type_vocab_size": 2}, "type_vocab_size=2 has no DistilBertModel"),
+    ("electra", {"pooler": True}, "pooler=True has no ElectraModel equivalent"),
+])
+def test_saving_as_a_family_that_would_drop_a_part_is_refused(family, change, message,
+                                                              tmp_path):
+    preset = {"bert": "bert-tiny", "roberta": "roberta-base", "distilbert": "distilbert-base",
+              "electra": "electra-small"}[family]
+    config = ModelConfig.from_preset(preset, **SMALL, **change,
+                                     extra={"hf_model_type": family})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        save_pretrained(build_model(config), tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()

@@ -7,8 +7,10 @@ import pytest
 import torch
 import transformers
 
-from attnlab import from_pretrained, save_pretrained
+from attnlab import ModelConfig, build_model, from_pretrained, save_pretrained
 from attnlab.generation import generate
+from attnlab.interop.hf_decoders import mistral_from_config
+from attnlab.params import count_parameters
 
 LLAMA = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=172, num_hidden_layers=2, rms_norm_eps=1e-6,
@@ -20,6 +22,10 @@ SCALINGS = {
                    rope_scaling={"rope_type": "linear", "factor": 4.0}),
     "dynamic": dict(max_position_embeddings=32,
                     rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
+    # transformers ignores this original_max_position_embeddings for dynamic: so must we
+    "dynamic-stated": dict(max_position_embeddings=32,
+                           rope_scaling={"rope_type": "dynamic", "factor": 4.0,
+                                         "original_max_position_embeddings": 16}),
     "yarn": dict(max_position_embeddings=128,
                  rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                "original_max_position_embeddings": 32}),
@@ -62,7 +68,7 @@ def scaled(request, tmp_path_factory):
 
 def test_rope_scaling_logits_match_transformers_past_the_trained_context(scaled):
     kind, theirs, ours, folder = scaled
-    assert ours.config.rope_scaling["rope_type"] == kind
+    assert ours.config.rope_scaling["rope_type"] == kind.split("-")[0]
     ids, mask = ids_and_mask()
     with torch.no_grad():
         expected = theirs(ids, attention_mask=mask).logits
@@ -175,14 +181,15 @@ def test_a_llama_folder_cannot_hold_a_sliding_window(mistral, tmp_path):
 
 @pytest.mark.parametrize("preset", ["mistral-tiny", "mistral-7b"])
 def test_mistral_presets_count_as_transformers(preset):
-    from attnlab.build import build_model
-    from attnlab.config import ModelConfig
-    from attnlab.interop.hf_decoders import mistral_from_config
-    from attnlab.params import count_parameters
-
     config = ModelConfig.from_preset(preset)
     with torch.device("meta"):
         ours = build_model(config)
         theirs = transformers.MistralForCausalLM(
             transformers.MistralConfig(**mistral_from_config(config)))
     assert count_parameters(ours) == theirs.num_parameters()
+
+
+def test_a_gpt2_folder_cannot_hold_a_sliding_window(tmp_path):
+    config = ModelConfig.from_preset("gpt-mini", sliding_window=4)
+    with pytest.raises(ValueError, match="sliding_window=4 has no GPT2LMHeadModel equivalent"):
+        save_pretrained(build_model(config), tmp_path)
