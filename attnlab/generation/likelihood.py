@@ -78,7 +78,7 @@ def continuation_logprobs(model: nn.Module, requests: Sequence[Request],
 
     Args:
         model: a decoder-only model with ``features(ids, cache=, attention_mask=)``,
-            ``lm_head`` and ``new_cache(capacity)``, as :class:`attnlab.GPT`.
+            ``lm_head`` and ``new_cache(capacity, rolling)``, as :class:`attnlab.GPT`.
         requests: ``(context_ids, continuation_ids)`` pairs, at least one token each (the
             harness conditions an empty text on the BOS or EOS id). A multiple-choice question
             gives one per choice, all with the same context.
@@ -156,7 +156,8 @@ def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[l
     if len(groups) == 1 or common < _MIN_COMMON:
         common = 0
     own = max(shared) - common  # the widest question-specific prefix
-    cache = model.new_cache(capacity=max(shared) + max(rests))
+    # a full cache even for a sliding window: padding sits between a row's real tokens
+    cache = model.new_cache(capacity=max(shared) + max(rests), rolling=False)
     first = None  # (1, common, d_model): the states of the batch's common tokens
     if common:
         first = model.features(torch.tensor([flat[0][:common]], device=device), cache=cache)

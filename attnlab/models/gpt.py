@@ -96,19 +96,28 @@ class GPT(nn.Module):
 
     def _window_mask(self, new: int, offset: int, cache: SelfAttentionCache | None,
                      padding: Tensor | None) -> Tensor:
-        """The band ``i − W < j ≤ i`` over sequence indices (pads count, as in transformers),
-        and the padding of the keys the layers will see (a rolling cache's slots: any order)."""
+        """The band ``i − W < j ≤ i`` and the padding of the keys the layers will see (a
+        rolling cache's slots, in any order). i and j count real tokens: left padding shifts
+        both alike, so this is transformers' band over sequence indices, and padding between
+        real tokens (batched scoring) does not narrow a row's window."""
         device = self.embed.weight.device
         keys = None if cache is None else cache.key_index(new, device)
         if keys is None:
             keys = torch.arange(offset + new, device=device)
-        queries = torch.arange(offset, offset + new, device=device)
-        band = sliding_window_mask(queries, keys, self.config.sliding_window)
-        return band if padding is None else band & padding[..., keys]
+        if padding is None:
+            queries = torch.arange(offset, offset + new, device=device)
+            return sliding_window_mask(queries, keys, self.config.sliding_window)
+        counted = padding[:, 0, 0].long().cumsum(-1)  # (batch, total): real tokens so far
+        band = sliding_window_mask(counted[:, offset:], counted[:, keys],
+                                   self.config.sliding_window)
+        return band & padding[..., keys]
 
-    def new_cache(self, capacity: int = 256) -> SelfAttentionCache:
-        """One KV cache per layer; with a sliding window, rolling ones of W entries."""
-        return SelfAttentionCache(len(self.blocks.layers), capacity, self.config.sliding_window)
+    def new_cache(self, capacity: int = 256, rolling: bool = True) -> SelfAttentionCache:
+        """One KV cache per layer; with a sliding window, rolling ones of W entries (unless
+        ``rolling`` is False: rows padded between real tokens reach back further than W
+        slots)."""
+        window = self.config.sliding_window if rolling else None
+        return SelfAttentionCache(len(self.blocks.layers), capacity, window)
 
     def components(self) -> OrderedDict[str, list[nn.Module]]:
         embeddings: list[nn.Module] = [self.embed, self.positional]

@@ -37,11 +37,13 @@ def causal_mask(
 
 
 def sliding_window_mask(q_index: Tensor, k_index: Tensor, window: int) -> Tensor:
-    """Mistral's band: query at sequence index i may attend key j iff ``i − window < j ≤ i``
-    (itself and the ``window − 1`` before it). ``q_index (q_len,)``, ``k_index (k_len,)``
-    (the keys may come in any order: a rolling cache's slots) -> ``(1, 1, q_len, k_len)``."""
-    distance = q_index[:, None] - k_index[None, :]
-    return ((distance >= 0) & (distance < window))[None, None]
+    """Mistral's band: query at index i may attend key j iff ``i − window < j ≤ i`` (itself
+    and the ``window − 1`` before it). ``q_index (q_len,)`` and ``k_index (k_len,)`` (the keys
+    may come in any order: a rolling cache's slots) -> ``(1, 1, q_len, k_len)``; or per row,
+    ``(batch, q_len)`` and ``(batch, k_len)`` -> ``(batch, 1, q_len, k_len)``."""
+    distance = q_index[..., :, None] - k_index[..., None, :]
+    band = (distance >= 0) & (distance < window)
+    return band[None, None] if band.dim() == 2 else band[:, None]
 
 
 def combine_masks(*masks: Tensor | None) -> Tensor | None:

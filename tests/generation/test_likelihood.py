@@ -24,8 +24,11 @@ def tiny(preset: str, **fields) -> GPT:
     return GPT(ModelConfig.from_preset(preset, **{**TINY, **fields})).eval()
 
 
-@pytest.fixture(scope="module", params=["gpt-mini", "llama-mini"])  # learned positions; RoPE+GQA
+# learned positions; RoPE + GQA; and that with a sliding window of 4 (Mistral)
+@pytest.fixture(scope="module", params=["gpt-mini", "llama-mini", "mistral-like"])
 def model(request) -> GPT:
+    if request.param == "mistral-like":
+        return tiny("llama-mini", num_kv_heads=2, sliding_window=4)
     return tiny(request.param, **({"num_kv_heads": 2} if request.param == "llama-mini" else {}))
 
 
