@@ -204,16 +204,17 @@ def _check_can_write(path: str | Path, flag: str) -> None:
 
 def add_commands(sub) -> None:
     ex = sub.add_parser(
-        "explain", help="follow one sentence through an encoder layer, checked as it goes",
+        "explain", help="follow one sentence through a layer, checked as it goes",
         description="Print every stage (tokens, ids, embeddings, positions, Q/K/V, scores, "
                     "scaling, mask, softmax, weighted sum, heads, W_O, residual + norm, "
-                    "feed-forward) for one layer and head, with computed checks. With --image, "
+                    "feed-forward) for one layer and head, with computed checks: an encoder's, "
+                    "or a decoder's (causal; a sliding window's band). With --image, "
                     "a ViT's: patches, their projection, [CLS], positions, the layer, the "
                     "prediction.")
     ex.add_argument("sentence", nargs="?", help="the sentence to follow")
-    add_model_arg(ex, "minilm, a HF BERT folder or an attnlab run; with --image a ViT run or "
-                      "HF ViT folder (default: a freshly initialised tiny model, or vit-tiny, "
-                      "random weights)", required=False)
+    add_model_arg(ex, "minilm, a HF folder or an attnlab run (with a tokenizer); with --image "
+                      "a ViT run or HF ViT folder (default: a freshly initialised tiny model, "
+                      "or vit-tiny, random weights)", required=False)
     ex.add_argument("--image", metavar="SPEC",
                     help="follow an image through a ViT instead: digits:N (image N of the "
                          "digits test split), or a .npy or PNG file of the model's shape")

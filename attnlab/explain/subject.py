@@ -5,10 +5,12 @@ model's parameters, and :meth:`Subject.run_model`, which runs the model's *own* 
 pass with hooks that record every layer's input, its self-attention output, its weights and
 the layer's output. The walkthrough recomputes each stage by hand and compares with those.
 
-Encoders that can be explained: a freshly initialised ``tiny`` encoder–decoder (its encoder;
-sinusoidal positions), any BERT (``minilm``, a Hugging Face folder, an attnlab run), and an
-attnlab translation run (its encoder). Images (a ViT's [CLS] and patches) are followed by
-:mod:`attnlab.explain.image`, whose subject has the same :class:`EncoderInput` interface.
+Models that can be explained: a freshly initialised ``tiny`` encoder–decoder (its encoder;
+sinusoidal positions), any BERT (``minilm``, a Hugging Face folder, an attnlab run), an
+attnlab translation run (its encoder), and a decoder-only model with its tokenizer (GPT-2,
+Llama, Mistral: the same layers run causally, and within the sliding window's band). Images
+(a ViT's [CLS] and patches) are followed by :mod:`attnlab.explain.image`, whose subject has the
+same :class:`EncoderInput` interface.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Subject:
     positions: Tensor  # (seq,)
     mask: Tensor  # (seq, seq) boolean, True = may attend
     _forward: object = None
+    mask_note: str = "one input, no padding: all True"  # what the mask stage shows
 
     @property
     def title(self) -> str:
@@ -141,16 +144,18 @@ def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
         raise BadInput(f"{spec}: a vision model (arch='vision') reads images, not sentences: "
                        "give --image digits:N, a .npy or a PNG file")
     tok = loaded.tokenizers.get("text") or loaded.tokenizers.get("source")
-    if loaded.kind == "decoder" or tok is None:
-        raise BadInput(f"{spec}: explain follows an encoder; arch={loaded.kind!r} has none")
+    if tok is None:
+        raise BadInput(f"{spec}: explain needs the model's tokenizer, and the folder has none")
     label = "all-MiniLM-L6-v2 (pretrained)" if spec == MINILM else str(spec)
     return loaded.model, tok, label, loaded.path
 
 
 def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subject:
     """The sentence through ``model``'s embeddings, ready for the walkthrough."""
-    from attnlab.models import BERT
+    from attnlab.models import BERT, GPT
 
+    if isinstance(model, GPT):
+        return _decoder_subject(model, tokenizer, sentence, label)
     with torch.no_grad():
         if isinstance(model, BERT):
             ids = torch.tensor([tokenizer.encode_single(sentence)])
@@ -196,3 +201,39 @@ def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subj
     return Subject(label, model, tokenizer, sentence, pieces, ids, tok_emb, pos, seg, x0, formula,
                    layers, model.positional, positions, torch.ones(seq, seq, dtype=torch.bool),
                    forward)
+
+
+def decoder_mask(seq: int, window: int | None) -> tuple[Tensor, str]:
+    """A decoder's ``(seq, seq)`` mask and what it says: causal, and with a sliding window
+    (Mistral) the band ``i − W < j ≤ i``."""
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    if window is None:
+        return causal, "causal: query i may attend keys j <= i"
+    band = causal.triu(-(window - 1))
+    return band, f"sliding window W = {window}: query i may attend keys i - {window} < j <= i"
+
+
+def _decoder_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subject:
+    """A decoder-only model (GPT-2, Llama, Mistral) reading ``sentence``: the same layers as
+    an encoder, run causally (and within its window)."""
+    with torch.no_grad():
+        ids = torch.tensor([tokenizer.encode(sentence)])
+        if ids.shape[1] == 0:
+            raise BadInput("the sentence has no tokens")
+        model.config.check_length(ids.shape[1])
+        pieces = [tokenizer.decode([int(i)]) for i in ids[0]]
+        seq = ids.shape[1]
+        positions = torch.arange(seq)
+        tok_emb = model.embed(ids)[0]
+        pos = model.positional.embed(torch.zeros(1, seq, tok_emb.shape[-1]), positions)[0]
+        additive = model.config.positional in ("learned", "sinusoidal", "sinusoidal-split")
+        formula = ("x₀ = E[ids] + P[pos]" if additive else
+                   f"x₀ = E[ids] ({model.config.positional}: position enters in attention)")
+
+        def forward():
+            model.features(ids, need_weights=True)
+
+    mask, note = decoder_mask(seq, model.config.sliding_window)
+    return Subject(label, model, tokenizer, sentence, pieces, ids, tok_emb, pos, None,
+                   tok_emb + pos, formula, model.blocks.layers, model.positional, positions,
+                   mask, forward, note)

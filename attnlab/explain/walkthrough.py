@@ -150,9 +150,11 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
                   None, f"each {tuple(wq[rows].T.shape)} (d_model × d_k); all heads together "
                         f"{tuple(wq.T.shape)}"))
         q, k, v = q_all[head], k_all[head], v_all[head]
-        add(Stage("Q", "X · W_Q + b_Q", q))
-        add(Stage("K", "X · W_K + b_K", k))
-        add(Stage("V", "X · W_V + b_V", v))
+        x_name = "Norm(X)" if block.attn_sublayer.pre_norm else "X"
+        rotated = "RoPE({})" if subject.model.config.positional == "rope" else "{}"
+        add(Stage("Q", rotated.format(f"{x_name} · W_Q + b_Q"), q))
+        add(Stage("K", rotated.format(f"{x_name} · W_K + b_K"), k))
+        add(Stage("V", f"{x_name} · W_V + b_V", v))
         scores = q @ k.T
         add(Stage("scores", "Q · Kᵀ", scores))
         scale = 1 / math.sqrt(d_k) if attn.scale is None else attn.scale  # T5: 1
@@ -161,7 +163,7 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
         seq = x.shape[0]
         bias = subject.positional.attention_bias(subject.positions, seq)
         mask = subject.mask
-        add(Stage("mask", "True = may attend (one input, no padding: all True)",
+        add(Stage("mask", f"True = may attend ({getattr(subject, 'mask_note', 'all True')})",
                   mask.int()))
         # All heads at once (the head's stages are slices of these): (H, seq, seq)
         scaled_all = q_all @ k_all.transpose(-2, -1) * scale

