@@ -43,9 +43,9 @@ def run(model, ids):
         return model(ids)
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
-def test_removing_heads_takes_exactly_their_parameters_and_equals_masking(preset):
-    model = tiny(preset)
+def masked_run(model):
+    """``(ids, attention paths, heads to drop, the output with those heads gated to 0)``: heads
+    1 and 3 of the first attention layer and head 0 of the last."""
     ids = torch.randint(4, 40, (2, 10), generator=torch.Generator().manual_seed(1))
     paths = list(attention_layers(model))
     drop = {paths[0]: [1, 3], paths[-1]: [0]}
@@ -53,7 +53,13 @@ def test_removing_heads_takes_exactly_their_parameters_and_equals_masking(preset
     for p, hs in drop.items():
         gates[p][hs] = 0
     with head_gates(model, gates):
-        masked = run(model, ids)
+        return ids, paths, drop, run(model, ids)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_removing_heads_takes_exactly_their_parameters_and_equals_masking(preset):
+    model = tiny(preset)
+    ids, paths, drop, masked = masked_run(model)
     before = sum(p.numel() for p in model.parameters())
     pruned = copy.deepcopy(model)
     record = remove_heads(pruned, drop)
@@ -79,14 +85,7 @@ def test_pruned_heads_keep_their_rows_of_the_shared_position_bias(preset, fields
                                      activation_dropout=0.0, **fields)
     torch.manual_seed(0)
     model = build_model(config).eval()
-    ids = torch.randint(4, 40, (2, 10), generator=torch.Generator().manual_seed(1))
-    paths = list(attention_layers(model))
-    drop = {paths[0]: [1, 3], paths[-1]: [0]}
-    gates = {p: torch.ones(4) for p in paths}
-    for p, hs in drop.items():
-        gates[p][hs] = 0
-    with head_gates(model, gates):
-        masked = run(model, ids)
+    ids, paths, drop, masked = masked_run(model)
     pruned = copy.deepcopy(model)
     remove_heads(pruned, drop)
     assert torch.allclose(run(pruned, ids), masked, atol=1e-5)
