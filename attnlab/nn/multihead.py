@@ -115,14 +115,16 @@ class MultiHeadAttention(nn.Module):
                 where ``k_len`` counts cached positions too.
             is_causal: causal self-attention (bottom-right aligned when keys are cached).
             positional: the model's positional encoding; self-attention applies its rotation
-                (RoPE). Cross-attention does not.
+                (RoPE), and its score bias unless ``bias`` is given. Cross-attention uses
+                neither.
             positions: absolute positions of the queries, ``(q_len,)`` or ``(batch, q_len)``.
             cache: self-attention appends the new keys/values; a static (cross-attention)
                 cache is filled on first use and reused after.
             need_weights: also return the weights ``(batch, heads, q_len, k_len)``.
             bias: the positions' additive score bias (ALiBi, T5's relative bias),
-                broadcastable to ``(batch, heads, q_len, k_len)``. The stack computes it once
-                (``positional.attention_bias``) and every layer adds the same one.
+                broadcastable to ``(batch, heads, q_len, k_len)``. A stack computes it once
+                (``positional.attention_bias``) and every layer adds the same one; without
+                it, self-attention asks ``positional`` itself.
 
         Returns:
             ``(batch, q_len, d_model)``, or ``(output, weights)`` when ``need_weights``.
@@ -140,6 +142,8 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.k, cache.v
         elif cache is not None:
             k, v = cache.append(k, v)
+        if bias is None and context is None and positional is not None:
+            bias = positional.attention_bias(positions, k.shape[2])  # used alone, not in a stack
         if bias is not None and bias.shape[1] > 1 and bias.shape[1] != self.n_heads:
             bias = bias[:, self.original_heads]  # pruned: the bias rows of the heads left
         result = scaled_dot_product_attention(

@@ -109,3 +109,15 @@ def test_cache_reorder_selects_rows():
     cache.append(k, k)
     cache.reorder(torch.tensor([2, 2, 0]))
     assert cache.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+
+
+def test_used_alone_self_attention_adds_its_positions_score_bias():
+    """A stack hands every layer the bias it computed once; a lone module asks for it."""
+    from attnlab.nn import ALiBiPositionalEncoding
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4).eval()
+    alibi, x, pos = ALiBiPositionalEncoding(4), torch.randn(2, 6, 32), torch.arange(6)
+    given = mha(x, positional=alibi, positions=pos, bias=alibi.attention_bias(pos, 6))
+    assert torch.allclose(mha(x, positional=alibi, positions=pos), given, atol=1e-6)
+    assert not torch.allclose(mha(x), given, atol=1e-3)  # the bias mattered
