@@ -21,6 +21,7 @@ import torch
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput, MissingDependency, MissingFile
 from attnlab.models import GPT
+from attnlab.nn.rope_scaling import base_frequencies, scaled_frequencies
 
 _LAYER = {
     "attn_norm": "attn_sublayer.norm.weight", "attn_q": "self_attn.q_proj.weight",
@@ -79,16 +80,19 @@ def _read_config(reader, path: Path) -> ModelConfig:
         raise BadInput(f"{path}: general.architecture={arch!r} is not supported (only 'llama')")
     p = "llama."
     d = int(_field(reader, p + "embedding_length"))
+    heads = int(_field(reader, p + "attention.head_count"))
+    base = float(_field(reader, p + "rope.freq_base", 10000.0))
     tokens = reader.fields["tokenizer.ggml.tokens"]
     names = {t.name for t in reader.tensors}
     return ModelConfig(
         arch="decoder", vocab_size=int(_field(reader, p + "vocab_size", len(tokens.data))),
-        d_model=d, n_heads=int(_field(reader, p + "attention.head_count")),
+        d_model=d, n_heads=heads,
         num_kv_heads=int(_field(reader, p + "attention.head_count_kv")),
         d_ff=int(_field(reader, p + "feed_forward_length")), n_encoder_layers=0,
         n_decoder_layers=int(_field(reader, p + "block_count")), dropout=0.0,
         max_len=int(_field(reader, p + "context_length")), positional="rope",
-        rope_base=float(_field(reader, p + "rope.freq_base", 10000.0)), norm="rmsnorm",
+        rope_base=base, rope_scaling=_rope_scaling(reader, p, d // heads, base, path),
+        norm="rmsnorm",
         norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
         norm_placement="pre", activation="swiglu", bias=False, scale_embeddings=False,
         tie_embeddings="output.weight" not in names,
@@ -110,8 +114,36 @@ def gguf_config(reader, path: Path) -> ModelConfig:
         raise BadInput(f"{path}: missing or malformed metadata ({type(e).__name__}: {e})") from None
 
 
-# tensors llama.cpp writes that the loaded model does not use: Llama 3.1's RoPE frequency
-# factors (rope_scaling is issue #19's; until then such a model decodes with plain RoPE)
+def _rope_scaling(reader, p: str, d_k: int, base: float, path: Path) -> dict:
+    """``rope_scaling`` from the file: llama.cpp's ``rope.scaling.*`` metadata (linear), or the
+    per-pair divisors of θ_i that its converter stores for Llama 3.1 and 3.2
+    (``rope_freqs.weight``), recognised as transformers' llama3 scaling with the published
+    low/high frequency factors 1 and 4."""
+    kind = _field(reader, p + "rope.scaling.type", "none")
+    original = int(_field(reader, p + "rope.scaling.original_context_length", 8192))
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        divisors = torch.from_numpy(np.array(freqs.data, dtype=np.float64).reshape(-1))
+        scaling = {"rope_type": "llama3", "factor": float(divisors.max()),
+                   "original_max_position_embeddings": original, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0}
+        theta = base_frequencies(d_k, base)
+        if divisors.shape != theta.shape or not torch.allclose(
+                theta / scaled_frequencies(d_k, base, scaling)[0], divisors, rtol=1e-3):
+            raise BadInput(f"{path}: rope_freqs.weight holds frequency divisors that are not "
+                           "llama3's (factor = their largest, low 1, high 4, original "
+                           f"{original}): not supported")
+        return scaling
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(_field(reader, p + "rope.scaling.factor"))}
+    if kind != "none":
+        raise BadInput(f"{path}: rope.scaling.type={kind!r} is not supported (none, linear, "
+                       "or Llama 3's rope_freqs.weight)")
+    return {}
+
+
+# tensors llama.cpp writes that the loaded model computes itself: Llama 3's RoPE frequency
+# divisors (read into config.rope_scaling above)
 IGNORED = {"rope_freqs.weight"}
 
 
