@@ -30,6 +30,7 @@ CHOICES = {
 _ROPE_OPTIONAL = ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
                   "attention_factor", "mscale", "mscale_all_dim")
 GATED = ("swiglu", "geglu")  # activations with a gated third matrix: act(x·W₁) ⊙ x·W₃
+POOLED_HEADS = ("none", "pretraining", "classify")  # BERT's heads that read the tanh pooler
 # HF's rope_scaling types (rope_parameters' "rope_type") and the fields each one needs
 ROPE_SCALING = {"linear": ("factor",), "dynamic": ("factor", "original_max_position_embeddings"),
                 "yarn": ("factor", "original_max_position_embeddings"),
@@ -231,12 +232,12 @@ class ModelConfig:
                         or not value > 0:
                     raise BadInput(f"config field rope_scaling: {kind} needs a positive "
                                    f"{name}, got {value!r}")
-            for name in _ROPE_OPTIONAL:  # yarn's optional numbers
+            for name in _ROPE_OPTIONAL:  # yarn's optional numbers (mscale 0: unset)
                 value = self.rope_scaling.get(name)
                 if value is not None and (isinstance(value, bool) or not isinstance(
-                        value, (int, float)) or not value > 0):
-                    raise BadInput(f"config field rope_scaling: {name} must be a positive "
-                                   f"number, got {value!r}")
+                        value, (int, float)) or not value >= 0):
+                    raise BadInput(f"config field rope_scaling: {name} must be a number >= 0, "
+                                   f"got {value!r}")
             if not isinstance(self.rope_scaling.get("truncate", True), bool):
                 raise BadInput(f"config field rope_scaling: truncate must be true or false, got "
                                f"{self.rope_scaling['truncate']!r}")
@@ -249,9 +250,10 @@ class ModelConfig:
                                          > self.rope_scaling["low_freq_factor"]):
                 raise BadInput("config field rope_scaling: llama3 needs high_freq_factor > "
                                "low_freq_factor")
-            if self.rope_base <= 1 or self.d_k < 4:  # the formulas divide by log(base), d − 2
-                raise BadInput(f"config: rope_scaling needs rope_base > 1 and d_k >= 4, got "
-                               f"{self.rope_base} and {self.d_k}")
+            if kind in ("yarn", "dynamic") and (self.rope_base <= 1 or self.d_k < 4):
+                # their formulas divide by log(base) and by d − 2
+                raise BadInput(f"config: rope_scaling {kind} needs rope_base > 1 and d_k >= 4, "
+                               f"got {self.rope_base} and {self.d_k}")
         buckets, distance = self.relative_buckets, self.relative_max_distance
         if self.positional == "relative" and (buckets < 4 or distance <= buckets // 2):
             # each direction needs exact buckets (buckets/4 of them) and room for log ones
@@ -259,8 +261,10 @@ class ModelConfig:
                            f"relative_buckets / 2, got {self.relative_buckets} and "
                            f"{self.relative_max_distance}")
         if self.share_layers and self.arch != "encoder":
-            raise BadInput(f"config: share_layers (ALBERT) is for encoders, got "
-                           f"arch={self.arch!r}")
+            # the encoder–decoder's decoder would not share, and no decoder or ViT family
+            # stores one shared layer: weights saved per layer would be written once
+            raise BadInput(f"config: share_layers (ALBERT) is for encoders (arch='encoder'), "
+                           f"got arch={self.arch!r}")
         if self.sliding_window is not None and (self.arch != "decoder"
                                                 or self.positional in ("alibi", "relative")):
             raise BadInput(f"config: sliding_window is for decoders without a score bias, got "

@@ -62,7 +62,7 @@ def test_bad_json_names_file_and_line(tmp_path):
     ("bert-tiny", dict(sliding_window=4), "sliding_window is for decoders"),
     ("llama-mini", dict(rope_scaling={"rope_type": "yarn", "factor": 2.0,
                                       "original_max_position_embeddings": 64,
-                                      "beta_fast": "x"}), "beta_fast must be a positive number"),
+                                      "beta_fast": "x"}), "beta_fast must be a number >= 0"),
     ("llama-mini", dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "scale": 3}),
      "unknown field(s) scale for linear"),
     ("llama-mini", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
@@ -71,8 +71,9 @@ def test_bad_json_names_file_and_line(tmp_path):
                                       "original_max_position_embeddings": 64,
                                       "low_freq_factor": 4.0, "high_freq_factor": 4.0}),
      "high_freq_factor > low_freq_factor"),
-    ("llama-mini", dict(rope_base=1.0, rope_scaling={"rope_type": "linear", "factor": 2.0}),
-     "rope_base > 1"),
+    ("llama-mini", dict(rope_base=1.0, rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                                     "original_max_position_embeddings": 64}),
+     "yarn needs rope_base > 1"),
 ])
 def test_the_new_families_knobs_are_checked(preset, fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):

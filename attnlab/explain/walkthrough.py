@@ -162,6 +162,8 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
                   if attn.scale is None else f"Q · Kᵀ · {scale:g}", scores * scale))
         seq = x.shape[0]
         bias = subject.positional.attention_bias(subject.positions, seq)
+        if bias is not None and bias.shape[1] > 1 and bias.shape[1] != n_heads:
+            bias = bias[:, attn.original_heads]  # a pruned layer: its heads' rows
         mask = subject.mask
         add(Stage("mask", f"True = may attend ({getattr(subject, 'mask_note', 'all True')})",
                   mask.int()))

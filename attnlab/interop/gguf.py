@@ -91,7 +91,7 @@ def _read_config(reader, path: Path) -> ModelConfig:
         d_ff=int(_field(reader, p + "feed_forward_length")), n_encoder_layers=0,
         n_decoder_layers=int(_field(reader, p + "block_count")), dropout=0.0,
         max_len=int(_field(reader, p + "context_length")), positional="rope",
-        rope_base=base, rope_scaling=_rope_scaling(reader, p, d // heads, base, path),
+        rope_base=base, rope_scaling=_rope_scaling(reader, p, d // max(heads, 1), base, path),
         norm="rmsnorm",
         norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
         norm_placement="pre", activation="swiglu", bias=False, scale_embeddings=False,
@@ -124,11 +124,14 @@ def _rope_scaling(reader, p: str, d_k: int, base: float, path: Path) -> dict:
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         divisors = torch.from_numpy(np.array(freqs.data, dtype=np.float64).reshape(-1))
+        if divisors.numel() != d_k // 2:
+            raise BadInput(f"{path}: rope_freqs.weight holds {divisors.numel()} values for "
+                           f"{d_k // 2} rotated pairs")
         scaling = {"rope_type": "llama3", "factor": float(divisors.max()),
                    "original_max_position_embeddings": original, "low_freq_factor": 1.0,
                    "high_freq_factor": 4.0}
         theta = base_frequencies(d_k, base)
-        if divisors.shape != theta.shape or not torch.allclose(
+        if not torch.allclose(
                 theta / scaled_frequencies(d_k, base, scaling)[0], divisors, rtol=1e-3):
             raise BadInput(f"{path}: rope_freqs.weight holds frequency divisors that are not "
                            "llama3's (factor = their largest, low 1, high 4, original "

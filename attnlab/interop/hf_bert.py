@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnlab.config import ModelConfig
+from attnlab.config import POOLED_HEADS, ModelConfig
 from attnlab.errors import BadInput
 from attnlab.interop.huggingface import (
     Family,
@@ -123,6 +123,16 @@ def bert_hf_fields(c: ModelConfig, family: str) -> dict:
                 **labels_to_hf(c))
 
 
+def has_its_pooler(c: ModelConfig):
+    """A ``require`` test: a head that reads the pooler (BERT, RoBERTa, ALBERT) has one."""
+    return lambda pooler: pooler or c.head not in POOLED_HEADS
+
+
+def no_pooler(c: ModelConfig):
+    """A ``require`` test: no pooler where the head would read one (DistilBERT, ELECTRA)."""
+    return lambda pooler: not pooler or c.head not in POOLED_HEADS
+
+
 def require_bert_shape(c: ModelConfig, cls: str) -> None:
     """What BERT and its descendants share: post-LN LayerNorm with biases, learned absolute
     positions, a normed embedding sum, separate Q/K/V projections scaled by 1/√d_k."""
@@ -142,7 +152,7 @@ def bert_to_config(hf: dict) -> ModelConfig:
 
 def bert_from_config(c: ModelConfig) -> dict:
     require(c, "BertModel", position_offset=0, share_layers=False, embedding_size=None,
-            pooler=True, type_vocab_size=lambda v: v >= 1)
+            pooler=has_its_pooler(c), type_vocab_size=lambda v: v >= 1)
     return bert_hf_fields(c, "BertModel")
 
 

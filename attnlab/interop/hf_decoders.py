@@ -90,9 +90,13 @@ def gpt2_weights(c: ModelConfig):
 
 
 # the rope_parameters fields each scaling type reads (nn/rope_scaling.py); others are dropped
-_ROPE_FIELDS = ("rope_type", "factor", "original_max_position_embeddings", "low_freq_factor",
-                "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
-                "mscale_all_dim", "truncate")
+_ROPE_FIELDS = {
+    "linear": ("factor",), "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
+               "high_freq_factor"),
+}
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict, int]:
@@ -109,7 +113,7 @@ def rope_from_hf(hf: dict) -> tuple[float, dict, int]:
     if kind not in ROPE_SCALING:
         raise BadInput(f"rope_type={kind!r} is not supported (supported: default, "
                        f"{', '.join(ROPE_SCALING)})")
-    scaling = {k: params[k] for k in _ROPE_FIELDS if params.get(k) is not None}
+    scaling = {k: params[k] for k in _ROPE_FIELDS[kind] if params.get(k) is not None}
     scaling["rope_type"] = kind
     if kind == "yarn" and "factor" not in scaling and "original_max_position_embeddings" in params:
         scaling["factor"] = max_len / params["original_max_position_embeddings"]
@@ -171,11 +175,11 @@ def llama_from_config(c: ModelConfig) -> dict:
     if c.sliding_window is not None:
         raise BadInput(f"sliding_window={c.sliding_window} has no LlamaForCausalLM equivalent "
                        "(a MistralForCausalLM has one)")
-    return _llama_fields(c)
+    return _llama_fields(c, "LlamaForCausalLM")
 
 
-def _llama_fields(c: ModelConfig) -> dict:
-    require(c, "LlamaForCausalLM", positional="rope", norm="rmsnorm", norm_placement="pre",
+def _llama_fields(c: ModelConfig, cls: str) -> dict:
+    require(c, cls, positional="rope", norm="rmsnorm", norm_placement="pre",
             use_final_norm=True, activation="swiglu", fused_qkv=False, scale_attention=True,
             scale_embeddings=False)
     return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, num_attention_heads=c.n_heads,
@@ -188,7 +192,7 @@ def _llama_fields(c: ModelConfig) -> dict:
 
 
 def mistral_from_config(c: ModelConfig) -> dict:
-    return {**_llama_fields(c), "sliding_window": c.sliding_window}
+    return {**_llama_fields(c, "MistralForCausalLM"), "sliding_window": c.sliding_window}
 
 
 def llama_weights(c: ModelConfig):

@@ -28,10 +28,12 @@ from attnlab.interop.hf_bert import (
     bert_hf_fields,
     check_absolute_positions,
     embedding_rows,
+    has_its_pooler,
     head_of,
     labels_from_hf,
     labels_to_hf,
     linear_rows,
+    no_pooler,
     prefix_alternatives,
     require_bert_shape,
 )
@@ -110,6 +112,11 @@ def _gelu_head(family: str, hf: dict, cls: str) -> None:
                        "is always 'gelu')")
 
 
+def _mlm_gelu(c: ModelConfig):
+    """A ``require`` test, the writers' side of :func:`_gelu_head`."""
+    return lambda act: c.head != "mlm" or act == "gelu"
+
+
 # --- RoBERTa --------------------------------------------------------------------------------
 def roberta_to_config(hf: dict) -> ModelConfig:
     hf = {**_ROBERTA_DEFAULTS, **hf}
@@ -124,8 +131,8 @@ def roberta_from_config(c: ModelConfig) -> dict:
     if c.position_offset != c.pad_id + 1:
         raise BadInput(f"position_offset={c.position_offset} has no RoBERTa equivalent (RoBERTa "
                        f"counts positions from pad_id + 1 = {c.pad_id + 1})")
-    require(c, "RobertaModel", share_layers=False, embedding_size=None, pooler=True,
-            type_vocab_size=lambda v: v >= 1)
+    require(c, "RobertaModel", share_layers=False, embedding_size=None,
+            pooler=has_its_pooler(c), type_vocab_size=lambda v: v >= 1, activation=_mlm_gelu(c))
     return {**bert_hf_fields(c, "RobertaModel"), "bos_token_id": c.bos_id,
             "eos_token_id": c.eos_id}
 
@@ -173,8 +180,8 @@ def albert_to_config(hf: dict) -> ModelConfig:
 
 
 def albert_from_config(c: ModelConfig) -> dict:
-    require(c, "AlbertModel", share_layers=True, position_offset=0, pooler=True,
-            type_vocab_size=lambda v: v >= 1)
+    require(c, "AlbertModel", share_layers=True, position_offset=0, pooler=has_its_pooler(c),
+            type_vocab_size=lambda v: v >= 1, embedding_size=lambda v: v is not None)
     return {**bert_hf_fields(c, "AlbertModel"), "embedding_size": c.embedding_size or c.d_model,
             "num_hidden_groups": 1, "inner_group_num": 1, "bos_token_id": c.bos_id,
             "eos_token_id": c.eos_id}
@@ -227,7 +234,7 @@ def distilbert_to_config(hf: dict) -> ModelConfig:
 
 def distilbert_from_config(c: ModelConfig) -> dict:
     require_bert_shape(c, "DistilBertModel")
-    require(c, "DistilBertModel", type_vocab_size=0, pooler=False, share_layers=False,
+    require(c, "DistilBertModel", type_vocab_size=0, pooler=no_pooler(c), share_layers=False,
             position_offset=0, embedding_size=None, norm_eps=1e-12)
     return dict(vocab_size=c.vocab_size, dim=c.d_model, n_heads=c.n_heads, hidden_dim=c.d_ff,
                 n_layers=c.n_encoder_layers, max_position_embeddings=c.max_len,
@@ -260,8 +267,8 @@ def electra_to_config(hf: dict) -> ModelConfig:
 
 
 def electra_from_config(c: ModelConfig) -> dict:
-    require(c, "ElectraModel", pooler=False, share_layers=False, position_offset=0,
-            type_vocab_size=lambda v: v >= 1)
+    require(c, "ElectraModel", pooler=no_pooler(c), share_layers=False, position_offset=0,
+            type_vocab_size=lambda v: v >= 1, activation=_mlm_gelu(c))
     return {**bert_hf_fields(c, "ElectraModel"), "embedding_size": c.embedding_size or c.d_model}
 
 

@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from attnlab.config import ModelConfig, read_json
+from attnlab.config import POOLED_HEADS, ModelConfig, read_json
 from attnlab.errors import BadInput, MissingFile
 
 
@@ -235,6 +235,9 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
     for ours, theirs, transpose in _layer_rows(family.weights(config), config):
         if ours in tied:
             continue
+        if ours not in ours_state:  # a family's table the config's checks let through
+            raise BadInput(f"this model has no {ours} for {family.class_name(config)}'s "
+                           f"{theirs}")
         out[theirs] = _to_theirs(ours_state[ours].detach(), transpose).contiguous().clone()
     save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
@@ -251,9 +254,10 @@ def _default_type(config: ModelConfig) -> str:
             return "roberta"
         if config.share_layers:
             return "albert"
-        if not config.pooler and not config.type_vocab_size:
+        if not config.type_vocab_size:
             return "distilbert"
-        if config.head == "discriminator" or config.embedding_size or not config.pooler:
+        drops_pooler = not config.pooler and config.head in POOLED_HEADS
+        if config.head == "discriminator" or config.embedding_size or drops_pooler:
             return "electra"
         return "bert"
     if config.arch == "encoder-decoder":

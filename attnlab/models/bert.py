@@ -36,12 +36,10 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import ModelConfig
+from attnlab.config import POOLED_HEADS, ModelConfig
 from attnlab.errors import BadInput
 from attnlab.nn import Encoder, LayerNorm, TokenEmbedding, build_norm, build_positional
 from attnlab.nn.feedforward import ACTIVATIONS
-
-_POOLED_HEADS = ("none", "pretraining", "classify")  # heads that have a pooler (if configured)
 
 
 class MLMHead(nn.Module):
@@ -94,7 +92,7 @@ class BERT(nn.Module):
         # ALBERT's embedding_hidden_mapping_in, ELECTRA's embeddings_project
         self.embed_proj = nn.Linear(e, d) if config.embedding_size else None
         self.encoder = Encoder(config)  # config.share_layers: one layer object, N times
-        self.pooler = nn.Linear(d, d) if config.pooler and head in _POOLED_HEADS else None
+        self.pooler = nn.Linear(d, d) if config.pooler and head in POOLED_HEADS else None
         self.mlm = MLMHead(config, self.embed.weight) if head in ("mlm", "pretraining") else None
         self.nsp = nn.Linear(d, 2) if head == "pretraining" else None
         self.classifier = (nn.Linear(d, config.num_labels) if head in ("classify", "tokens")
@@ -142,8 +140,12 @@ class BERT(nn.Module):
         ``attention_mask (batch, seq)``: True/1 at real tokens, False/0 at padding; padded keys
         get no attention (the mask's rows broadcast over queries and heads).
         """
-        # RoBERTa's first position_offset rows of P belong to no token: fewer tokens fit
-        self.config.check_length(ids.shape[1] + self.config.position_offset)
+        offset = self.config.position_offset  # RoBERTa's first rows of P belong to no token
+        if offset and ids.shape[1] + offset > self.config.max_len:
+            raise BadInput(f"sequence of {ids.shape[1]} tokens exceeds the model's context of "
+                           f"{self.config.max_len - offset} tokens (max_len="
+                           f"{self.config.max_len} positions, the first {offset} unused)")
+        self.config.check_length(ids.shape[1])
         positions = self.positions(ids)
         x = self.embed_dropout(self.embeddings(ids, token_type_ids, positions))
         if self.embed_proj is not None:

@@ -102,12 +102,19 @@ class GPT(nn.Module):
         real tokens (batched scoring) does not narrow a row's window."""
         device = self.embed.weight.device
         keys = None if cache is None else cache.key_index(new, device)
-        if keys is None:
+        rolling = keys is not None
+        if not rolling:
             keys = torch.arange(offset + new, device=device)
         if padding is None:
             queries = torch.arange(offset, offset + new, device=device)
             return sliding_window_mask(queries, keys, self.config.sliding_window)
-        counted = padding[:, 0, 0].long().cumsum(-1)  # (batch, total): real tokens so far
+        real = padding[:, 0, 0]  # (batch, total)
+        if rolling and new > 1 and not bool((real[:, 1:] >= real[:, :-1]).all()):
+            # a rolling cache keeps the last W slots, which hold a row's last W real tokens
+            # only when its padding all comes first
+            raise BadInput("a rolling (sliding-window) KV cache needs left padding only; use "
+                           "new_cache(rolling=False) for padding between tokens")
+        counted = real.long().cumsum(-1)  # real tokens so far
         band = sliding_window_mask(counted[:, offset:], counted[:, keys],
                                    self.config.sliding_window)
         return band & padding[..., keys]

@@ -70,3 +70,11 @@ def test_linear_scaling_metadata_and_unknown_divisors(tmp_path):
     with pytest.raises(ValueError, match="rope_freqs.weight holds frequency divisors that are "
                                          "not llama3's"):
         gguf_config(_reader(path)[1], path)
+
+
+def test_rope_freqs_of_the_wrong_length_is_one_line(tmp_path):
+    from attnlab.interop.gguf import _reader, gguf_config
+
+    path = write_metadata_only_gguf(tmp_path / "short.gguf", llama3_divisors()[:3])
+    with pytest.raises(ValueError, match="rope_freqs.weight holds 3 values for 8 rotated pairs"):
+        gguf_config(_reader(path)[1], path)

@@ -288,13 +288,28 @@ def test_a_model_built_from_a_preset_saves_as_its_family(preset, cls, tmp_path):
     ("roberta", {"embedding_size": 16}, "embedding_size=16 has no RobertaModel equivalent"),
     ("distilbert", {"type_vocab_size": 2}, "type_vocab_size=2 has no DistilBertModel"),
     ("electra", {"pooler": True}, "pooler=True has no ElectraModel equivalent"),
+    ("roberta", {"head": "mlm", "activation": "gelu_tanh"},
+     "activation='gelu_tanh' has no RobertaModel equivalent"),  # its MLM head is GELU
+    ("albert", {"embedding_size": None}, "embedding_size=None has no AlbertModel equivalent"),
 ])
 def test_saving_as_a_family_that_would_drop_a_part_is_refused(family, change, message,
                                                               tmp_path):
     preset = {"bert": "bert-tiny", "roberta": "roberta-base", "distilbert": "distilbert-base",
-              "electra": "electra-small"}[family]
+              "electra": "electra-small", "albert": "albert-base"}[family]
     config = ModelConfig.from_preset(preset, **SMALL, **change,
                                      extra={"hf_model_type": family})
     with pytest.raises(ValueError, match=re.escape(message)):
         save_pretrained(build_model(config), tmp_path)
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_a_pooler_that_no_head_reads_does_not_pick_the_family(tmp_path):
+    """BERT's discriminator head with the config's default pooler=True: nothing is dropped, so
+    it saves as an ElectraForPreTraining and transformers gives the same logits."""
+    torch.manual_seed(0)
+    ours = build_model(ModelConfig.from_preset("bert-tiny", **SMALL, head="discriminator"))
+    save_pretrained(ours.eval(), tmp_path)
+    theirs = transformers.ElectraForPreTraining.from_pretrained(tmp_path).eval()
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (ours(ids) - theirs(ids).logits).abs().max() <= 1e-4

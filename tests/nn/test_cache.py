@@ -61,3 +61,19 @@ def test_left_padding_with_the_rolling_cache(mistral_like):
                 for t in range(8, 14)]
     got = torch.cat([first, *rest], 1)
     assert (got - whole)[mask].abs().max() <= 1e-5
+
+
+def test_padding_between_tokens_needs_a_full_cache(mistral_like):
+    """A rolling cache would keep fewer than W real tokens of such a row: refused, and the
+    full cache gives the uncached numbers."""
+    ids = torch.randint(1, 256, (2, 12), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[0, 4:7] = False  # three pads inside the first row
+    with torch.no_grad():
+        whole = mistral_like(ids, attention_mask=mask)
+        with pytest.raises(ValueError, match="needs left padding only"):
+            mistral_like(ids, cache=mistral_like.new_cache(), attention_mask=mask)
+        cache = mistral_like.new_cache(rolling=False)
+        first = mistral_like(ids[:, :9], cache=cache, attention_mask=mask[:, :9])
+        rest = mistral_like(ids[:, 9:], cache=cache, attention_mask=mask)
+    assert (torch.cat([first, rest], 1) - whole)[mask].abs().max() <= 1e-5
