@@ -1,10 +1,12 @@
-"""``attnlab generate``: text from a decoder-only model, streamed token by token."""
+"""``attnlab generate``: text from a decoder-only model, streamed token by token, then one
+timing line on stderr (load, compile, the prompt's and the generated tokens' rates)."""
 
 from __future__ import annotations
 
 import argparse
 import secrets
 import sys
+import time
 
 from attnlab.cli.common import (
     UsageError,
@@ -22,6 +24,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from attnlab.generation.decoder_only import check_decoding, for_decoding, generate
     from attnlab.storage import load
 
+    started = time.perf_counter()
+
     if args.int4:  # PyTorch's 4-bit kernel is a CPU one; activations are bf16
         if args.precision not in (None, "auto", "bf16"):
             raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
@@ -30,6 +34,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     loaded = load(args.model, int4=args.int4).expect("decoder", "generate")
     tok = loaded.tokenizer
     model = for_decoding(loaded.model, device, precision, args.int4)
+    loaded_in = time.perf_counter() - started
     warn_unknown(tok, [args.prompt], "--prompt")
     ids = tok.encode(args.prompt)
     if not ids:  # nothing to condition on: start from the beginning-of-sequence token
@@ -58,9 +63,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     generator = torch.Generator(device=device).manual_seed(seed or 0)
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
     printed = ""
+    ticks: list[float] = []  # when each new token was ready: the first one ends the prompt
 
     def stream(new_ids) -> bool:  # print what the new token adds; True stops generation
         nonlocal printed
+        ticks.append(time.perf_counter())
         text = tok.decode(new_ids[0].tolist())
         hit = min((text.find(s) for s in stops if s in text), default=-1)
         if hit >= 0:
@@ -72,11 +79,35 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     sys.stdout.write(args.prompt)
     eos = None if args.ignore_eos else tok.eos_id
+    begun = time.perf_counter()
     generate(model, torch.tensor([ids], device=device), args.max_new_tokens,
              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
              repetition_penalty=args.repetition_penalty, eos_id=eos, generator=generator,
              on_token=stream)
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    if not getattr(args, "quiet", False):
+        print(timing_line(loaded_in, 0.0, len(ids), begun, ticks), file=sys.stderr)
+
+
+def timing_line(load_s: float, compile_s: float, prompt_tokens: int, begun: float,
+                ticks: list[float]) -> str:
+    """``timing: load 1.23 s | compile 0.00 s | prompt 9 tokens, 312.4 tokens/s | generated
+    256 tokens, 171.0 tokens/s``. The prompt's rate is its tokens over the time to the first
+    new token (the prompt's forward pass and that token's choice); the generated rate is the
+    tokens after the first over the time they took, one forward pass each, as llama.cpp counts
+    them (with one token, its own time)."""
+    def rate(n: int, seconds: float) -> float:
+        return n / seconds if seconds > 0 else float("inf")
+
+    n = len(ticks)
+    prompt = rate(prompt_tokens, ticks[0] - begun) if n else 0.0  # 0 new tokens: none ran
+    if n > 1:
+        generated = rate(n - 1, ticks[-1] - ticks[0])
+    else:
+        generated = rate(n, ticks[0] - begun) if n else 0.0
+    return (f"timing: load {load_s:.2f} s | compile {compile_s:.2f} s | prompt {prompt_tokens} "
+            f"tokens, {prompt:.1f} tokens/s | generated {n} tokens, {generated:.1f} tokens/s")
 
 
 def _context_source(config) -> str:

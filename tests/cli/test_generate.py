@@ -62,8 +62,10 @@ def test_the_line_before_running_names_checkpoint_device_precision_threads(capsy
     r = cli(capsys, "generate", "--model", lm_run, "--prompt", "to", "--max-new-tokens", "2",
             "--device", "cpu", "--precision", "fp32")
     newest = sorted((lm_run / "checkpoints").iterdir())[-1]
-    assert r.code == 0 and r.err.splitlines() == [
-        f"attnlab generate: running {newest} on cpu, fp32, {torch.get_num_threads()} threads"]
+    lines = r.err.splitlines()
+    assert r.code == 0 and lines[0] == (
+        f"attnlab generate: running {newest} on cpu, fp32, {torch.get_num_threads()} threads")
+    assert len(lines) == 2 and lines[1].startswith("timing: ")  # the line after: timing
     quiet = cli(capsys, "generate", "--model", lm_run, "--prompt", "to", "--max-new-tokens", "2",
                 "--device", "cpu", "--precision", "fp32", "--quiet")
     assert quiet.code == 0 and quiet.err == "" and quiet.out == r.out
@@ -160,3 +162,22 @@ def test_smollm2_alias_is_the_packaged_gguf_file():
     loaded = load("smollm2")
     assert loaded.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and loaded.kind == "decoder"
     assert loaded.path.parent == Path(spec.origin).parent
+
+
+TIMING = re.compile(r"timing: load (\d+\.\d\d) s \| compile (\d+\.\d\d) s \| prompt (\d+) "
+                    r"tokens, (\d+\.\d|inf) tokens/s \| generated (\d+) tokens, "
+                    r"(\d+\.\d|inf) tokens/s")
+
+
+def test_the_timing_line_parses_and_counts_the_tokens(capsys, lm_run):
+    """One line on stderr after the text: load, compile (none without --compile), the
+    prompt's length and rate, the generated tokens and their rate."""
+    r = cli(capsys, "generate", "--model", lm_run, "--prompt", "to be", "--max-new-tokens",
+            "12", "--ignore-eos", "--device", "cpu", "--precision", "fp32")
+    assert r.code == 0, r.err
+    m = TIMING.fullmatch(r.err.splitlines()[-1])
+    assert m, r.err
+    load_s, compile_s, prompt, prompt_rate, generated, rate = m.groups()
+    assert float(load_s) > 0 and float(compile_s) == 0.0
+    assert int(prompt) == 5 and int(generated) == 12  # characters: "to be"
+    assert float(prompt_rate) > 0 and float(rate) > 0
