@@ -11,7 +11,11 @@ transformers in fp32 and in bf16 (it has no 4-bit CPU path for these files).
 
     .venv/bin/python benchmarks/generation.py [--new-tokens 256] [--models gpt2 smollm2]
         [--models gpt2-small-cpu --repeats 5]
-        [--precision fp32|bf16|auto | --int4]
+        [--precision fp32|bf16|auto | --int4] [--batches 1 8 --equal-prompts]
+
+Each batch size runs with the weight layout ``for_decoding`` picks for it (input-major fp32
+matrices for one row, row-major for more), and a last line per engine gives what a batch
+buys over one sequence (#25: 8 prompts at least 4x the tokens/s of one).
 """
 
 from __future__ import annotations
@@ -88,6 +92,9 @@ def main() -> None:
     p.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16"],
                    help="both models' weights: fp32 or bf16 (auto: attnlab.hardware's "
                         "choice for this CPU)")
+    p.add_argument("--equal-prompts", action="store_true",
+                   help="one prompt repeated in every row of a batch (each row must then equal "
+                        "the single run)")
     p.add_argument("--int4", action="store_true",
                    help="attnlab with 4-bit weights; transformers in fp32 and in bf16")
     args = p.parse_args()
@@ -112,10 +119,15 @@ def main() -> None:
         if not args.int4:
             variants = [variants[1] if args.bf16 else variants[0]]
             ours = ours.to(torch.bfloat16) if args.bf16 else ours
-        decoding_layout_(ours)  # fp32 matrices input-major (as the CLI loads them)
+        rates: dict[str, dict[int, float]] = {}  # engine -> batch -> tokens/s
         for batch in args.batches:
+            # fp32 matrices input-major for one row (as the CLI loads them), row-major for a
+            # batch (for_decoding(rows=batch) does the same)
+            decoding_layout_(ours, rows=batch)
             g = torch.Generator().manual_seed(0)
             prompt = torch.randint(100, 1000, (batch, 16), generator=g) % ours.config.vocab_size
+            if args.equal_prompts:
+                prompt = prompt[:1].expand(batch, -1).contiguous()
             runs = {"attnlab": partial(generate, ours, prompt, n)}
             for label, model in variants:
                 runs[label] = partial(model.generate, prompt, max_new_tokens=n, do_sample=False,
@@ -125,12 +137,22 @@ def main() -> None:
                 model.generate(prompt[:, :4], max_new_tokens=4, do_sample=False, pad_token_id=0)
             outs, seconds = best_interleaved(runs, args.repeats)
             r_ours, a = batch * n / seconds["attnlab"], outs["attnlab"]
+            rates.setdefault("attnlab", {})[batch] = r_ours
             for label, _ in variants:
                 b, r_theirs = outs[label], batch * n / seconds[label]
+                rates.setdefault(f"transformers ({label})", {})[batch] = r_theirs
                 them = f"{r_theirs:,.1f} ({label})" if args.int4 else f"{r_theirs:,.1f}"
                 extra = f" {agreement(ours, b, prompt.shape[1]):.1%} |" if args.int4 else ""
                 print(f"| {name} | {batch} | {r_ours:,.1f} | {them} | "
                       f"{r_ours / r_theirs:.2f}x | {torch.equal(a, b)} |{extra}", flush=True)
+            one = prompt[:1]  # equal prompts in a batch give each row the single run's tokens
+            if batch > 1 and bool((prompt == one).all()):
+                print(f"  rows equal the single run: {torch.equal(a, a[:1].expand_as(a))}")
+        for engine, by_batch in rates.items():  # what a batch buys over one sequence
+            if 1 in by_batch:
+                print(f"  {name} {engine}: " + ", ".join(
+                    f"batch {b} {r / by_batch[1]:.2f}x batch 1" for b, r in by_batch.items()
+                    if b != 1))
 
 
 if __name__ == "__main__":

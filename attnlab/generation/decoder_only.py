@@ -116,10 +116,11 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
 
 
 def for_decoding(model: nn.Module, device: torch.device | str | None = None,
-                 precision: str = "fp32", int4: bool = False) -> nn.Module:
+                 precision: str = "fp32", int4: bool = False, rows: int = 1) -> nn.Module:
     """``model`` ready to decode on ``device``: its weights cast to ``precision`` (decoding reads
     every weight once per token, so half the bytes is what makes it faster) and, in fp32 on a
-    CPU, stored input-major (:func:`decoding_layout_`). An ``int4`` model keeps its 4-bit
+    CPU decoding one sequence (``rows`` = 1), stored input-major (:func:`decoding_layout_`;
+    a batch of ``rows`` > 1 reads row-major faster). An ``int4`` model keeps its 4-bit
     matrices and bf16 activations, and runs on the CPU only."""
     if int4:
         if device is not None and torch.device(device).type != "cpu":
@@ -128,4 +129,4 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
         from attnlab.hardware import DTYPES
 
         model = model.to(device=device, dtype=DTYPES[precision])
-    return decoding_layout_(model)
+    return decoding_layout_(model, rows)

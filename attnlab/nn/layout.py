@@ -13,8 +13,12 @@ from torch import nn
 
 
 @torch.no_grad()
-def decoding_layout_(model: nn.Module) -> nn.Module:
+def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
     """Store every fp32 CPU ``nn.Linear`` weight input-major, in place; returns ``model``.
+    ``rows``: the sequences decoded together; input-major only for one (the matrix-vector
+    products), row-major for a batch, whose products PyTorch's kernels read faster row-major
+    (SmolLM2 fp32, 8 rows on a 2-core AVX2 EPYC: 80.2 tokens/s row-major, 63.1 input-major;
+    docs/benchmarks.md, "Batched decoding").
 
     ``W (out, in)`` keeps its shape, values and name, but its memory holds Wᵀ row by row, so
     ``x · Wᵀ`` multiplies by a row-major ``(in, out)`` matrix. For the one-row products of
@@ -28,7 +32,7 @@ def decoding_layout_(model: nn.Module) -> nn.Module:
         if not isinstance(m, nn.Linear):
             continue
         w = m.weight
-        if w.device.type == "cpu" and w.dtype == torch.float32:
+        if rows == 1 and w.device.type == "cpu" and w.dtype == torch.float32:
             if w.is_contiguous():
                 w.data = w.data.t().contiguous().t()
         elif not w.is_contiguous():

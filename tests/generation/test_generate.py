@@ -136,6 +136,13 @@ def test_decoding_layout_changes_memory_not_values(preset, tmp_path):
     assert not torch.equal(w, old)
     half = decoding_layout_(m.to(torch.bfloat16))  # bf16 reads row-major faster: restored
     assert half.blocks.layers[0].ffn.w1.weight.is_contiguous()
+    single = decoding_layout_(m.float().eval())
+    with torch.no_grad():
+        expected = single(ids)
+    batch = decoding_layout_(single, rows=8)  # a batch of rows reads row-major faster
+    assert batch.blocks.layers[0].ffn.w1.weight.is_contiguous()
+    with torch.no_grad():
+        assert torch.allclose(batch(ids), expected, atol=1e-5)
 
 
 def assert_picks_of_cropped_context(m, out, prompt_len, block):
