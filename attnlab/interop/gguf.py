@@ -230,7 +230,11 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
             elif kind == "attn_k":
                 w = _unpermute(w, config.kv_heads)
             state[f"blocks.layers.{i}.{_LAYER[kind]}"] = w
-    model = GPT(config)
+    # every weight comes from the file: no random initialisation (of 135M numbers, for
+    # SmolLM2, 3–4 s on two cores) of a model about to be overwritten
+    from attnlab import build
+
+    model = build.materialize(build.skeleton(config))
     if int4:
         model = _with_int4(model, int4)
     missing, unexpected = model.load_state_dict(state, strict=False)
