@@ -141,6 +141,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
             raise BadInput(f"RoPE needs an even head dimension, got d_k={d_k}")
         self._args = (d_k, max_len, base, dict(scaling or {}))
         self.dynamic = self._args[3].get("rope_type") == "dynamic"
+        self._dynamic_table: tuple[Tensor, Tensor, Tensor] | None = None
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
@@ -163,8 +164,12 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     def _rotate_one(self, x: Tensor, positions: Tensor) -> Tensor:
         if self.dynamic:
-            cos, sin = self._table(positions, int(positions.max()) + 1)
-            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+            # every layer's q and k rotate by the same positions tensor in one forward pass:
+            # its table is made once (a held reference, so identity cannot be reused)
+            if self._dynamic_table is None or self._dynamic_table[0] is not positions:
+                self._dynamic_table = (positions,
+                                       *self._table(positions, int(positions.max()) + 1))
+            cos, sin = (t.to(x.dtype) for t in self._dynamic_table[1:])
         else:
             if positions.max() >= self.cos.shape[0]:
                 raise BadInput(
