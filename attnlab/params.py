@@ -1,10 +1,26 @@
-"""Parameter counting: total, and per component for ``attnlab info``."""
+"""Parameter counting: total, and per component for ``attnlab info``; per-rank training memory
+under data, tensor and pipeline parallelism for ``attnlab info --parallel``.
+
+Counts come from a model's own parameters (built on the meta device, so shapes only), with a
+tensor shared by several modules (tied weights) counted once.
+"""
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
+import re
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+from attnlab.errors import BadInput
+
+if TYPE_CHECKING:
+    from attnlab.config import ModelConfig
 
 
 def count_parameters(module: nn.Module | list[nn.Module], trainable_only: bool = False) -> int:
@@ -27,3 +43,204 @@ def parameter_breakdown(model: nn.Module) -> OrderedDict[str, int]:
             table[name] = count_parameters(modules)
     table["total"] = count_parameters(model)
     return table
+
+
+# --- per-rank training memory under data, tensor and pipeline parallelism --------------------
+# How the tensor-parallel engine splits a layer's matrices (Megatron-LM): q, k, v (or the fused
+# qkv) and the feed-forward's w1/w3 column-wise (their output rows: h/N heads, d_ff/N units, and
+# their biases with them); the attention output and w2 row-wise (their input columns; their bias
+# is added once, after the all-reduce, so it stays whole on every rank). Everything else
+# (embeddings, positions, norms, the head, the pooler) is replicated.
+_LAYER = re.compile(r"^(blocks|encoder|decoder)\.layers\.(\d+)\.")
+_COLUMN = re.compile(r"\.(self_attn|cross_attn)\.(q_proj|k_proj|v_proj|qkv)\.(weight|bias)$"
+                     r"|\.ffn\.(w1|w3)\.(weight|bias)$")
+_ROW = re.compile(r"\.(self_attn|cross_attn)\.out_proj\.weight$|\.ffn\.w2\.weight$")
+PIPELINED = ("decoder", "encoder")  # archs the pipeline engine splits into stages
+ADAM_BYTES = 8  # Adam's two moments, m and v, in fp32 for every parameter
+
+
+def tp_split(name: str) -> str:
+    """How tensor parallelism holds the parameter ``name``: ``"column"`` (split along its rows,
+    dim 0), ``"row"`` (split along its columns, dim 1) or ``"replicated"``. Only the matrices of
+    a layer (``blocks.layers.i``, ``encoder.layers.i``, ``decoder.layers.i``) are split."""
+    if not _LAYER.match(name):
+        return "replicated"
+    if _COLUMN.search(name):
+        return "column"
+    return "row" if _ROW.search(name) else "replicated"
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Training memory of the largest rank for one layout of ``world`` processes on a mesh
+    dp × tp × pp (dp = world / (tp·pp)); byte counts, exact for the model they were counted
+    from. ``stage`` is the pipeline stage shown (the largest; 0 without a pipeline)."""
+
+    layout: str  # e.g. "FSDP 2 × TP 2"
+    strategy: str  # "ddp" (replicate over dp) or "fsdp" (shard over dp)
+    world: int
+    dp: int
+    tp: int
+    pp: int
+    stage: int
+    numel: int  # parameters (elements) held by the rank
+    parameters: int  # bytes
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer
+
+
+def pipeline_layers(config: ModelConfig) -> int:
+    """L, the layers a pipeline splits: the decoder's (GPT) or the encoder's (BERT, ViT)."""
+    return config.n_decoder_layers if config.arch == "decoder" else config.n_encoder_layers
+
+
+def stage_sizes(n_layers: int, pp: int) -> list[int]:
+    """Layers per stage: ⌊L/N⌋ or ⌈L/N⌉, the first L mod N stages one more, so the largest
+    stage holds ⌈L/N⌉ layers and no stage is empty (pp ≤ L)."""
+    return [n_layers // pp + (1 if s < n_layers % pp else 0) for s in range(pp)]
+
+
+def check_parallel(config: ModelConfig, world: int, tp: int = 1, pp: int = 1,
+                   strategy: str = "ddp") -> None:
+    """Raise :class:`BadInput`, one line naming the argument, unless the model splits over
+    ``world`` processes with ``tp``-way tensor and ``pp``-way pipeline parallelism: tp divides
+    the heads h and the kv heads; pp ≤ L, for a decoder-only or encoder-only model without
+    shared layers; tp·pp divides world. (Which combinations the engine runs is
+    :class:`attnlab.training.parallel.ParallelPlan`'s to say: PP alone, TP with FSDP.)"""
+    for flag, value in (("--world", world), ("--tp", tp), ("--pp", pp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BadInput(f"{flag} {value}: must be a whole number >= 1")
+    if strategy not in ("ddp", "fsdp"):
+        raise BadInput(f"--parallel {strategy}: expected ddp or fsdp")
+    if config.n_heads % tp or config.kv_heads % tp:
+        raise BadInput(f"--tp {tp}: must divide the model's {config.n_heads} attention heads "
+                       f"and {config.kv_heads} kv heads (each rank holds h/N of them)")
+    if pp > 1 and config.arch not in PIPELINED:
+        raise BadInput(f"--pp {pp}: only decoder-only and encoder-only language models are "
+                       f"pipelined, not arch {config.arch!r}")
+    if pp > 1 and config.share_layers:
+        raise BadInput(f"--pp {pp}: layers that share one set of weights (share_layers, "
+                       "ALBERT) are not pipelined")
+    if pp > pipeline_layers(config):
+        raise BadInput(f"--pp {pp}: more stages than the model's {pipeline_layers(config)} "
+                       f"layers (each stage holds at least one)")
+    if world % (tp * pp):
+        raise BadInput(f"--world {world}: not divisible by tp·pp = {tp}·{pp} = {tp * pp}")
+
+
+def _local_numel(shape: tuple[int, ...], split: str, tp: int, shard: int) -> int:
+    """Elements of one rank's piece of a tensor of ``shape``: split ``tp`` ways by its
+    ``split`` (column: dim 0, row: dim 1), then FSDP's ``shard`` ways along dim 0. An uneven
+    split gives the largest piece, ⌈n/N⌉ (torch.chunk; FSDP pads every shard to it)."""
+    dims = list(shape) or [1]
+    if split == "column":
+        dims[0] = -(-dims[0] // tp)
+    elif split == "row":
+        dims[1] = -(-dims[1] // tp)
+    dims[0] = -(-dims[0] // shard)
+    return math.prod(dims)
+
+
+def parallel_memory(model: nn.Module, world: int, tp: int = 1, pp: int = 1,
+                    strategy: str = "ddp", param_bytes: int = 4, grad_bytes: int | None = None,
+                    optimizer_bytes: int = ADAM_BYTES,
+                    config: ModelConfig | None = None) -> RankMemory:
+    """Parameter, gradient and Adam memory of the largest of ``world`` ranks, counted from
+    ``model``'s own parameters (build it on the meta device: shapes only) by their names, with
+    tied weights once per rank. With dp = world / (tp·pp) and M the parameters:
+
+    - DDP (``strategy="ddp"``): every dp rank holds all it has, M;
+    - FSDP / ZeRO-3 (``"fsdp"``): parameters, gradients and optimizer state sharded over the
+      dp ranks, each tensor along dim 0: ⌈rows/dp⌉ rows each, M/dp when dp divides the rows;
+    - TP (``tp``): q/k/v and FFN w1/w3 column-wise, the attention output and w2 row-wise, each
+      rank h/tp heads and d_ff/tp units; embeddings, head, norms and row-wise biases whole;
+    - PP (``pp``): ⌈L/pp⌉ layers per stage (:func:`stage_sizes`), the first stage with the
+      embeddings, the last with the final norm and the head (a tied head is held by both
+      stages); the largest stage is reported;
+    - combined (FSDP × TP × PP): a stage's TP piece, then sharded over dp.
+
+    Bytes per parameter: ``param_bytes`` for the weights (4: fp32), ``grad_bytes`` for the
+    gradients (default: as the weights), ``optimizer_bytes`` for the optimizer state (8: Adam's
+    two fp32 moments). The total is their sum: 4 + 4 + 8 = 16 bytes per parameter held in fp32
+    (activations, buffers and communication buckets are not counted).
+    """
+    config = config if config is not None else model.config
+    check_parallel(config, world, tp, pp, strategy)
+    dp = world // (tp * pp)
+    shard = dp if strategy == "fsdp" else 1
+    named = list(model.named_parameters(remove_duplicate=False))
+    stages: list[dict[int, int]] = [{} for _ in range(pp)]  # per stage: id(tensor) -> numel
+    if pp == 1:
+        layer_stage = None
+    else:
+        bounds = list(itertools.accumulate(stage_sizes(pipeline_layers(config), pp)))
+        layer_stage = {i: bisect.bisect_right(bounds, i) for i in range(bounds[-1])}
+    seen_layer = False
+    for name, p in named:
+        found = _LAYER.match(name)
+        if layer_stage is None:
+            stage = 0
+        elif found:
+            stage, seen_layer = layer_stage[int(found.group(2))], True
+        else:  # embeddings before the first layer, the final norm and the head after the last
+            stage = pp - 1 if seen_layer else 0
+        stages[stage].setdefault(id(p), _local_numel(tuple(p.shape), tp_split(name), tp, shard))
+    totals = [sum(s.values()) for s in stages]
+    largest = max(range(pp), key=totals.__getitem__)
+    numel = totals[largest]
+    grad = param_bytes if grad_bytes is None else grad_bytes
+    return RankMemory(_layout(strategy, world, dp, tp, pp), strategy, world, dp, tp, pp,
+                      largest, numel, numel * param_bytes, numel * grad, numel * optimizer_bytes)
+
+
+def _layout(strategy: str, world: int, dp: int, tp: int, pp: int) -> str:
+    """A layout's name: "single process", "DDP 4", "TP 2 × DDP 2", "FSDP 2 × TP 2 × PP 2"."""
+    if world == 1:
+        return "single process"
+    parts = [f"TP {tp}"] * (tp > 1) + [f"PP {pp}"] * (pp > 1)
+    if dp > 1:
+        data = f"{strategy.upper()} {dp}"
+        parts = [data, *parts] if strategy == "fsdp" or not parts else [*parts, data]
+    return " × ".join(parts)
+
+
+def parallel_rows(model: nn.Module, world: int, tp: int | None = None, pp: int | None = None,
+                  config: ModelConfig | None = None, **sizes: int) -> tuple[list[RankMemory],
+                                                                           list[str]]:
+    """The layouts ``attnlab info --parallel`` compares, the ones the training engine runs, and
+    a note for each one left out: one process; DDP and FSDP over all ``world`` ranks; TP N
+    alone on N ranks (N = ``tp``, else ``world``); PP N alone on N ranks (N = ``pp``, else
+    ``world``); and FSDP dp × TP tp over all, dp = world / tp > 1 (tp = ``tp``, else the
+    largest tp < world that divides world and the heads). A ``tp`` or ``pp`` given that does
+    not fit raises :class:`BadInput`; a default that does not fit only leaves its row out.
+    ``sizes``: the byte sizes of :func:`parallel_memory`."""
+    config = config if config is not None else model.config
+    check_parallel(config, world, 1 if tp is None else tp, 1 if pp is None else pp)
+
+    def row(**kwargs) -> RankMemory:
+        return parallel_memory(model, config=config, **sizes, **kwargs)
+
+    rows, notes = [row(world=1)], []
+    if world > 1:
+        rows += [row(world=world, strategy="ddp"), row(world=world, strategy="fsdp")]
+    for flag, given in (("tp", tp), ("pp", pp)):
+        n = world if given is None else given
+        if n == 1:
+            continue
+        try:
+            rows.append(row(world=n, **{flag: n}))
+        except BadInput as e:
+            if given is not None:
+                raise
+            reason = str(e).split(": ", 1)[-1]  # the message less its "--tp N: "
+            notes.append(f"{flag.upper()} {n} not shown: {reason}")
+    fits = [t for t in range(world - 1, 1, -1) if world % t == 0
+            and config.n_heads % t == 0 and config.kv_heads % t == 0]
+    t = tp if tp is not None else (fits[0] if fits else 1)
+    if 1 < t < world:
+        rows.append(row(world=world, tp=t, strategy="fsdp"))
+    return rows, notes

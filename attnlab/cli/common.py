@@ -85,6 +85,32 @@ def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> N
 
 
 # --- turning options into objects ------------------------------------------------------------
+def add_training_layout_args(p: argparse.ArgumentParser) -> None:
+    """Every trainer's options for memory and for training beyond one device
+    (:mod:`attnlab.training.parallel`; docs/scaling.md)."""
+    g = p.add_argument_group("memory and parallelism (see docs/scaling.md)")
+    g.add_argument("--activation-checkpointing", choices=["none", "block", "sqrt"],
+                   default="none", help="recompute activations in backward: each block, or "
+                   "segments of about sqrt(N) blocks")
+    g.add_argument("--parallel", choices=["ddp", "fsdp"],
+                   help="under torchrun: replicate the model (ddp, the default with several "
+                   "processes) or shard it (fsdp)")
+    g.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallelism: each process computes heads/N heads")
+    g.add_argument("--pp", type=int, default=1, metavar="N",
+                   help="pipeline parallelism: N stages of about layers/N layers")
+    g.add_argument("--microbatches", type=int, metavar="B",
+                   help="pipeline micro-batches per batch (default 2 x --pp)")
+    g.add_argument("--pp-schedule", choices=["gpipe", "1f1b"], default="gpipe")
+
+
+def training_layout(args: argparse.Namespace) -> dict[str, object]:
+    """The :class:`~attnlab.training.TrainConfig` fields of :func:`add_training_layout_args`."""
+    return dict(parallel=args.parallel, tp=args.tp, pp=args.pp,
+                microbatches=args.microbatches, pp_schedule=args.pp_schedule,
+                activation_checkpointing=args.activation_checkpointing)
+
+
 def overrides(args: argparse.Namespace) -> dict[str, object]:
     """``--set KEY=VALUE`` pairs; a value is JSON when it parses, else a bare string."""
     out = {}

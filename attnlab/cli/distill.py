@@ -17,9 +17,11 @@ from attnlab.cli.common import (
     UsageError,
     add_out_arg,
     add_runtime_args,
+    add_training_layout_args,
     preset_config,
     report_run,
     runtime,
+    training_layout,
 )
 
 
@@ -42,7 +44,7 @@ def _train_config(args: argparse.Namespace, schedule, **fields):
         steps=args.steps, precision=precision, device=str(device), seed=args.seed,
         save_every=args.save_every, time_budget=args.time_budget,
         schedule=schedule_to_dict(schedule), progress=not args.no_progress,
-        eval_every=args.eval_every, **fields)
+        eval_every=args.eval_every, **training_layout(args), **fields)
 
 
 def cmd_train_distill(args: argparse.Namespace) -> None:
@@ -179,6 +181,7 @@ def add_subcommand(kinds) -> None:
     d.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     d.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
     add_runtime_args(d)
+    add_training_layout_args(d)
     d.add_argument("--seed", type=int, default=0, help="seed of weights, data order, dropout")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(func=cmd_train_distill)

@@ -13,9 +13,11 @@ from attnlab.cli.common import (
     add_out_arg,
     add_preset_args,
     add_runtime_args,
+    add_training_layout_args,
     preset_config,
     report_run,
     runtime,
+    training_layout,
 )
 
 
@@ -28,7 +30,8 @@ def _train_config(args: argparse.Namespace, schedule, **fields):
     return TrainConfig(
         steps=args.steps, precision=precision, device=str(device), seed=args.seed,
         save_every=args.save_every, time_budget=args.time_budget,
-        schedule=schedule_to_dict(schedule), progress=not args.no_progress, **fields)
+        schedule=schedule_to_dict(schedule), progress=not args.no_progress,
+        **training_layout(args), **fields)
 
 
 NO_VALIDATION = ("no validation data: pass --valid-src/--valid-tgt or --holdout N to see "
@@ -52,7 +55,8 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
     corpus = load_corpus(args.task, args.src, args.tgt, n_train=args.n_train,
                          n_test=args.holdout, seed=args.seed, valid_src=args.valid_src,
                          valid_tgt=args.valid_tgt)
-    main_rank = distributed.init_from_env()[0] == 0
+    train_config.plan().check(model_config)  # a bad split fails here, before any process waits
+    main_rank = distributed.init_from_env(always=train_config.parallel_asked)[0] == 0
     if not corpus.test and main_rank:
         print(NO_VALIDATION)
     shared = None
@@ -201,6 +205,7 @@ def _run_args(p: argparse.ArgumentParser, out: str, steps: int, save_every: int 
     add_runtime_args(p, legacy=legacy)
     p.add_argument("--seed", type=int, default=0, help="seed of weights, data order, dropout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_training_layout_args(p)
 
 
 def _bert_args(p: argparse.ArgumentParser, lr: float, warmup: int, eval_every: int) -> None:

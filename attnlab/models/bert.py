@@ -133,6 +133,13 @@ class BERT(nn.Module):
             x = x + self.segment(token_type_ids)
         return self.embed_norm(x)
 
+    def embed_inputs(self, ids: Tensor, token_type_ids: Tensor | None = None,
+                     positions: Tensor | None = None) -> Tensor:
+        """What the first layer reads: :meth:`embeddings` after dropout, lifted by ``W_e`` when
+        E ≠ d_model: ``(batch, seq, d_model)``."""
+        x = self.embed_dropout(self.embeddings(ids, token_type_ids, positions))
+        return x if self.embed_proj is None else self.embed_proj(x)
+
     def encode(self, ids: Tensor, token_type_ids: Tensor | None = None,
                attention_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
         """Contextual vectors ``(batch, seq, d_model)`` for ``ids (batch, seq)``.
@@ -147,9 +154,7 @@ class BERT(nn.Module):
                            f"{self.config.max_len} positions, the first {offset} unused)")
         self.config.check_length(ids.shape[1])
         positions = self.positions(ids)
-        x = self.embed_dropout(self.embeddings(ids, token_type_ids, positions))
-        if self.embed_proj is not None:
-            x = self.embed_proj(x)
+        x = self.embed_inputs(ids, token_type_ids, positions)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         return self.encoder(x, mask=mask, positional=self.positional, positions=positions,
                             need_weights=need_weights)

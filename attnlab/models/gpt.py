@@ -85,22 +85,36 @@ class GPT(nn.Module):
         self.config.check_length(offset + ids.shape[1])
         if positions is None:
             positions = _positions(ids, offset, attention_mask)
-        x = self.embed_dropout(self.positional.embed(self.embed(ids), positions))
+        x = self.embed_tokens(ids, positions)
+        mask = self.block_mask(ids.shape[1], ids.device, offset, cache, attention_mask)
+        return self.blocks(x, mask=mask, positional=self.positional, positions=positions,
+                           cache=cache, need_weights=need_weights)
+
+    def embed_tokens(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """``h₀ = Dropout(E[ids] + P[pos])``: ``ids (batch, seq)`` -> ``(batch, seq, d_model)``
+        (RoPE and ALiBi add nothing here: they act inside attention)."""
+        return self.embed_dropout(self.positional.embed(self.embed(ids), positions))
+
+    def block_mask(self, new: int, device: torch.device, offset: int = 0,
+                   cache: SelfAttentionCache | None = None,
+                   attention_mask: Tensor | None = None) -> Tensor | None:
+        """What the blocks may attend besides causality, for ``new`` queries after ``offset``
+        cached tokens: the padding of ``attention_mask (batch, total_len)`` as ``(batch, 1, 1,
+        total_len)`` and, with a sliding window, its band (:meth:`_window_mask`); None when
+        neither applies."""
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]
         if self.config.sliding_window is not None:
-            mask = self._window_mask(ids.shape[1], offset, cache, mask)
-        return self.blocks(x, mask=mask, positional=self.positional, positions=positions,
-                           cache=cache, need_weights=need_weights)
+            mask = self._window_mask(new, offset, cache, mask, device)
+        return mask
 
     def _window_mask(self, new: int, offset: int, cache: SelfAttentionCache | None,
-                     padding: Tensor | None) -> Tensor:
+                     padding: Tensor | None, device: torch.device) -> Tensor:
         """The band ``i − W < j ≤ i`` and the padding of the keys the layers will see (a
         rolling cache's slots, in any order). i and j count real tokens: left padding shifts
         both alike, so this is transformers' band over sequence indices, and padding between
         real tokens (batched scoring) does not narrow a row's window."""
-        device = self.embed.weight.device
         keys = None if cache is None else cache.key_index(new, device)
         rolling = keys is not None
         if not rolling:

@@ -72,6 +72,26 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(self.q_dim, d_model, bias=bias)
         self.fused_qkv = fused_qkv
 
+    def unfuse_qkv_(self) -> None:
+        """Split a fused ``qkv`` projection into ``q_proj``, ``k_proj`` and ``v_proj`` holding
+        the same rows (``[Q | K | V]``), in place. Tensor parallelism shards each of the three
+        by heads; sharding the fused matrix by rows would hand a rank Q's rows and part of K's."""
+        if not self.fused_qkv:
+            return
+        weight, bias = self.qkv.weight.detach(), self.qkv.bias
+        sizes = [self.q_dim, self.kv_dim, self.kv_dim]
+        rows = weight.split(sizes)
+        biases = bias.detach().split(sizes) if bias is not None else [None] * 3
+        for name, w, b in zip(("q_proj", "k_proj", "v_proj"), rows, biases, strict=True):
+            linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None,
+                               device=w.device, dtype=w.dtype)
+            linear.weight = nn.Parameter(w.clone(), requires_grad=self.qkv.weight.requires_grad)
+            if b is not None:
+                linear.bias = nn.Parameter(b.clone(), requires_grad=bias.requires_grad)
+            setattr(self, name, linear)
+        del self.qkv
+        self.fused_qkv = False
+
     def _heads(self, x: Tensor, n: int) -> Tensor:
         """``(batch, seq, n·d_k) -> (batch, n, seq, d_k)``."""
         b, s, _ = x.shape

@@ -35,12 +35,15 @@ from attnlab.storage import (
 
 def save_checkpoint(root: str | os.PathLike, step: int, model: nn.Module, config: ModelConfig,
                     tokenizers: dict[str, dict], trainer_state: dict[str, Any] | None = None,
-                    keep_last: int | None = None, fault=None) -> Path:
+                    keep_last: int | None = None, fault=None,
+                    extra_files: dict[str, Any] | None = None) -> Path:
     """Write ``root/step-{step:08d}`` atomically; prune to the ``keep_last`` newest.
-    ``fault(point, step)`` is the interruption tests' hook (a kill mid-write)."""
+    ``fault(point, step)`` is the interruption tests' hook (a kill mid-write);
+    ``extra_files`` name more parts, each a function writing it (a sharded run's shards)."""
     root = Path(root)
-    extra = {} if trainer_state is None else {
-        "trainer_state.pt": lambda path: torch.save(trainer_state, path)}
+    extra = dict(extra_files or {})
+    if trainer_state is not None:
+        extra["trainer_state.pt"] = lambda path: torch.save(trainer_state, path)
     final = save_model_dir(root / f"step-{step:08d}", model, config, tokenizers, extra,
                            None if fault is None else lambda: fault("checkpoint", step))
     if keep_last:

@@ -17,10 +17,12 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def init_from_env() -> tuple[int, int]:
-    """Start the process group when launched by torchrun (WORLD_SIZE > 1)."""
+def init_from_env(always: bool = False) -> tuple[int, int]:
+    """Start the process group when launched by torchrun (WORLD_SIZE > 1; with ``always``,
+    also for one process: FSDP, TP and PP build their mesh even on one rank)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not is_distributed():
+    launched = "RANK" in os.environ and "MASTER_ADDR" in os.environ
+    if (world > 1 or (always and launched)) and not is_distributed():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
         if backend == "nccl":
@@ -42,11 +44,13 @@ def wrap(model: nn.Module) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
-def all_reduce_sum(value: float | int) -> float | int:
+def all_reduce_sum(value: float | int, group=None) -> float | int:
+    """The sum of ``value`` over ``group``'s ranks (default: all of them)."""
     if not is_distributed():
         return value
-    t = torch.tensor(float(value), dtype=torch.float64)
-    dist.all_reduce(t)
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    t = torch.tensor(float(value), dtype=torch.float64, device=device)
+    dist.all_reduce(t, group=group)
     return type(value)(t.item())
 
 

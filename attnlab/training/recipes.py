@@ -96,7 +96,9 @@ def run(recipe: Recipe, out_dir: str | Path, model_config: ModelConfig,
     """Train with ``recipe``; checkpoints, metrics.jsonl and results go to ``out_dir``, which
     this process holds (:class:`~attnlab.training.guard.RunLock`) until it returns."""
     out_dir = Path(out_dir)
-    rank, _ = distributed.init_from_env()
+    if model_config is not None:  # a split the model cannot take: before any process waits
+        train_config.plan().check(model_config)
+    rank, _ = distributed.init_from_env(always=train_config.parallel_asked)
     with RunLock(out_dir) if rank == 0 else contextlib.nullcontext():
         return _run(recipe, out_dir, rank, model_config, train_config, resume, log)
 

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import time
 import warnings
@@ -32,13 +33,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from attnlab import hardware
+from attnlab.build import build_model
 from attnlab.config import check_at_least
 from attnlab.data.stream import to_device
 from attnlab.errors import AttnlabError, BadInput, Stopped, WriteFailed
 from attnlab.storage import list_checkpoints, load_weights, remove_temporaries, save_model_dir
-from attnlab.training import distributed
+from attnlab.training import distributed, parallel, sharded
 from attnlab.training.checkpoint import load_trainer_state, save_checkpoint
 from attnlab.training.guard import StopSignals
 from attnlab.training.schedule import NoamSchedule, schedule_from_dict, schedule_to_dict
@@ -77,6 +80,25 @@ class TrainConfig:
     # stopping on, that model is the one kept in best/
     stop_at_accuracy: float | None = None
     progress: bool = True
+    # beyond one device (attnlab.training.parallel): None = DDP when torchrun starts several
+    # processes; "fsdp" shards; tp / pp: tensor- and pipeline-parallel degrees
+    parallel: str | None = None
+    tp: int = 1
+    pp: int = 1
+    microbatches: int | None = None  # pipeline micro-batches (default 2 x pp)
+    pp_schedule: str = "gpipe"
+    activation_checkpointing: str = "none"  # none, block or sqrt
+
+    def plan(self) -> parallel.ParallelPlan:
+        """The layout these fields ask for, in the processes torchrun started."""
+        return parallel.from_environment(self.parallel, self.tp, self.pp, self.microbatches,
+                                         self.pp_schedule, self.activation_checkpointing)
+
+    @property
+    def parallel_asked(self) -> bool:
+        """Whether a flag asks for FSDP, TP or PP (these need a process group even on one
+        rank)."""
+        return self.parallel is not None or self.tp > 1 or self.pp > 1
 
     @property
     def device_for_memory(self):
@@ -151,13 +173,17 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.opti
     # The fused kernel updates every tensor in one pass: on CPU a small GPT's AdamW step drops
     # from 1.7 ms to 0.4 ms (5% of its training step).
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    # Tensor parallelism leaves some parameters plain (norms, embeddings) beside sharded
+    # DTensors; the fused and foreach kernels take one kind per call, so update per tensor.
+    mixed = len({isinstance(p, DTensor) for p in params}) > 1
+    kernels = dict(fused=False, foreach=False) if mixed else dict(fused=fused)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=cfg.betas, eps=cfg.eps, fused=fused)
+        return torch.optim.Adam(params, lr=lr, betas=cfg.betas, eps=cfg.eps, **kernels)
     if cfg.optimizer != "adamw":
         raise BadInput(f"unknown optimizer {cfg.optimizer!r} (adam or adamw)")
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, fused=fused)
+    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, **kernels)
 
 
 class Trainer:
@@ -176,9 +202,6 @@ class Trainer:
         self.model = model
         self.model_config = model_config
         self.tokenizers = tokenizers
-        self.batches = batches.shard(self.rank, self.world)
-        self.schedule = schedule_from_dict(config.schedule)
-        self.optimizer = build_optimizer(model, config, self.schedule(1))
         self.task, self.val_batches = task, val_batches
         self.classifies = hasattr(task, "logits")
         if config.stop_at_accuracy is not None and not (
@@ -187,8 +210,11 @@ class Trainer:
                            "eval_every > 0")
         self.device = next(model.parameters()).device
         self.precision = hardware.pick_precision(config.precision, self.device)
-        self.scaler = hardware.grad_scaler(self.device, self.precision)  # fp16 only
-        self.train_model = distributed.wrap(model)
+        self._lay_out(model, config)
+        self.batches = batches.shard(self.layout.dp_rank, self.plan.dp)
+        self.schedule = schedule_from_dict(config.schedule)
+        self.optimizer = build_optimizer(self.trained, config, self.schedule(1))
+        self.scaler = self._grad_scaler()  # fp16 only
         if config.compile:
             self.train_model = torch.compile(self.train_model)
         self.step = 0
@@ -197,11 +223,50 @@ class Trainer:
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.metrics_path = self.out_dir / "metrics.jsonl"
 
+    def _lay_out(self, model: nn.Module, config: TrainConfig) -> None:
+        """Apply the :class:`~parallel.ParallelPlan`: activation checkpointing, then the
+        pipeline split, or tensor parallelism and FSDP; under plain DDP, its wrapper.
+        ``self.trained`` is the module whose parameters this rank's optimizer updates."""
+        self.plan = config.plan()
+        self.plan.check(self.model_config)
+        self.layout = parallel.Layout(self.plan, self.device)
+        self.pipeline = None
+        # bf16/fp16 under FSDP is its MixedPrecisionPolicy, not autocast
+        self.autocast = "fp32" if self.plan.strategy == "fsdp" else self.precision
+        parallel.apply_checkpointing(model, self.plan.checkpointing)
+        if self.plan.pp > 1:
+            from attnlab.training.pipeline import Pipeline
+
+            self.pipeline = Pipeline(model, self.task, self.layout.pp_rank, self.plan.pp,
+                                     self.layout.pp_group, self.plan.microbatches,
+                                     self.plan.schedule, self.device)
+            self.trained = self.train_model = self.pipeline.module
+            return
+        if self.plan.tp > 1:
+            parallel.apply_tensor_parallel(model, self.layout)
+        if self.plan.strategy == "fsdp":
+            parallel.apply_fsdp(model, self.layout, self.precision)
+        self.trained = model
+        self.train_model = model if self.plan.sharded else distributed.wrap(model)
+
+    def _grad_scaler(self):
+        """fp16's loss scaler; under FSDP torch's sharded one (its inf check spans ranks)."""
+        if self.precision != "fp16" or self.plan.strategy != "fsdp":
+            return hardware.grad_scaler(self.device, self.precision)
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(self.device.type, init_scale=2.0**15)
+
     # --- state ---------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
+        """What ``trainer_state.pt`` holds. A sharded run keeps the optimizer in DCP's shards
+        (:mod:`attnlab.training.sharded`) instead, and notes whether tensor parallelism had
+        split fused QKV matrices (the shards' names say so)."""
+        optimizer = ({"qkv_split": self.qkv_split} if self.plan.sharded
+                     else {"optimizer": self.optimizer.state_dict()})
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            **optimizer,
             "torch_rng": torch.get_rng_state(),
             "python_rng": list(random.getstate()[1]),
             "data": self.batches.state_dict(),
@@ -211,26 +276,76 @@ class Trainer:
             **({"scaler": self.scaler.state_dict()} if self.scaler else {}),
         }
 
+    @property
+    def qkv_split(self) -> bool:
+        return self.plan.tp > 1 and bool(self.model_config.fused_qkv)
+
     def save(self) -> Path | None:
-        """Write this step's checkpoint (rank 0); a failed write names the last good one."""
+        """Write this step's checkpoint (rank 0; every rank writes its shards of a sharded
+        run); a failed write names the last good one."""
+        if self.plan.sharded:
+            return self._save_sharded()
         if not self.is_main:
             return None
+        return self._write_checkpoint(self.model)
+
+    def _write_checkpoint(self, model: nn.Module, extra=None) -> Path:
         try:
-            return save_checkpoint(self.ckpt_dir, self.step, self.model, self.model_config,
-                                   self.tokenizers, self.state(), self.cfg.keep_last, self.fault)
+            return save_checkpoint(self.ckpt_dir, self.step, model, self.model_config,
+                                   self.tokenizers, self.state(), self.cfg.keep_last, self.fault,
+                                   extra)
         except WriteFailed as e:
             kept = list_checkpoints(self.ckpt_dir)
             raise WriteFailed(f"{e}; training stopped at step {self.step}, last good checkpoint: "
                               f"{kept[-1] if kept else 'none written yet'}") from None
 
+    def _save_sharded(self) -> Path | None:
+        """Every rank writes its shards into one temporary folder; rank 0 writes the model
+        folder of the gathered weights around it and renames the whole checkpoint into place
+        (see :mod:`attnlab.training.sharded`)."""
+        full = (self.pipeline.full_state_dict() if self.pipeline is not None
+                else sharded.full_model_state(self.model))
+        tmp = self.ckpt_dir / f".tmp-{sharded.SHARDED}-{self.step:08d}"
+        if self.is_main:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        distributed.barrier()
+        sharded.save_sharded(tmp, self.trained, self.optimizer)
+        distributed.barrier()  # every rank's part is on disk
+        saved = None
+        if self.is_main:
+            if self.qkv_split:
+                full = parallel.fused_state(full, self.model_config)
+            plain = build_model(self.model_config)
+            plain.load_state_dict(full)
+            saved = self._write_checkpoint(
+                plain, {sharded.SHARDED: lambda path: os.replace(tmp, path)})
+        distributed.barrier()  # no rank reads or moves on before the checkpoint is in place
+        return saved
+
     def resume(self) -> bool:
-        """Continue from the newest checkpoint in ``out_dir``; False if there is none."""
+        """Continue from the newest checkpoint in ``out_dir``; False if there is none. A
+        sharded checkpoint resumes on any number of ranks (DCP reshards it)."""
         found = list_checkpoints(self.ckpt_dir)
         if not found:
             return False
-        load_weights(self.model, found[-1])
         state = load_trainer_state(found[-1])
-        self.optimizer.load_state_dict(state["optimizer"])
+        shards = found[-1] / sharded.SHARDED
+        if self.plan.sharded != shards.is_dir():
+            kind, flags = ("a sharded", "with") if shards.is_dir() else ("a one-process or DDP",
+                                                                       "without")
+            raise BadInput(f"{found[-1]} was written by {kind} run: resume it {flags} "
+                           "--parallel fsdp, --tp or --pp")
+        if self.plan.sharded:
+            if bool(state.get("qkv_split")) != self.qkv_split:
+                raise BadInput(f"{found[-1]}: tensor parallelism split this model's fused QKV "
+                               "matrices " + ("in" if state.get("qkv_split") else "after") +
+                               " that run: resume with --tp > 1 " +
+                               ("as well" if state.get("qkv_split") else "only if it had it"))
+            sharded.load_sharded(shards, self.trained, self.optimizer)
+        else:
+            load_weights(self.model, found[-1])
+            self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate((3, tuple(state["python_rng"]), None))
         self.batches.load_state_dict(state["data"])
@@ -239,8 +354,8 @@ class Trainer:
         self.evals_since_best = int(state.get("evals_since_best", 0))
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
-        if self.rank > 0:  # only rank 0's RNG state is saved; other ranks re-seed dropout
-            torch.manual_seed(self.cfg.seed + self.rank + 7919 * self.step)
+        if self.layout.dp_rank > 0:  # only rank 0's RNG state is saved; others re-seed dropout
+            torch.manual_seed(self.cfg.seed + self.layout.dp_rank + 7919 * self.step)
         if self.is_main and self.metrics_path.exists():  # drop rows the resumed run redoes
             rows = self.metrics_path.read_text().splitlines()
             kept = [r for r in rows if _step_of(r) <= self.step]  # a torn last row goes too
@@ -250,25 +365,33 @@ class Trainer:
     # --- one step ------------------------------------------------------------------------
     def train_step(self, data_iter) -> dict[str, float]:
         micro = [to_device(next(data_iter), self.device) for _ in range(self.cfg.accumulate)]
+        dp_group = self.layout.dp_group
         local_tokens = sum(self.task.target_tokens(b) for b in micro)
-        global_tokens = distributed.all_reduce_sum(local_tokens)
-        # DDP averages gradients over ranks, hence × world: the result is Σ loss / N_global.
-        scale = self.world / global_tokens
+        global_tokens = distributed.all_reduce_sum(local_tokens, dp_group)
+        # DDP and FSDP average gradients over the data-parallel ranks, hence × dp: the result
+        # is Σ loss / N_global. (Tensor- and pipeline-parallel ranks share their batch.)
+        scale = self.plan.dp / global_tokens
         lr = self.schedule(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss_sum = nll_sum = 0.0
         src_tokens = 0
         for batch in micro:
-            with hardware.autocast(self.device, self.precision):
-                sums = self.task.loss(self.train_model, batch)
-            scaled = sums.loss * scale
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            loss_sum += sums.loss.item()
-            nll_sum += sums.nll.item()
+            if self.pipeline is not None:
+                loss, nll = self.pipeline.step(batch, scale)
+            else:
+                with hardware.autocast(self.device, self.autocast):
+                    sums = self.task.loss(self.train_model, batch)
+                scaled = sums.loss * scale
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                loss, nll = sums.loss.item(), sums.nll.item()
+            loss_sum += loss
+            nll_sum += nll
             src_tokens += self.task.source_tokens(batch)
-        loss_sum = distributed.all_reduce_sum(loss_sum)
-        nll_sum = distributed.all_reduce_sum(nll_sum)
+        # only the last stage of a pipeline has the loss: the others add zeros
+        sum_group = self.layout.pp_group if self.pipeline is not None else dp_group
+        loss_sum = distributed.all_reduce_sum(loss_sum, sum_group)
+        nll_sum = distributed.all_reduce_sum(nll_sum, sum_group)
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
             kept = list_checkpoints(self.ckpt_dir)
@@ -276,10 +399,11 @@ class Trainer:
                 f"loss became {loss_sum} at step {self.step + 1}; training stopped, last good "
                 f"checkpoint: {kept[-1] if kept else 'none written yet'}"
             )
+        if self.pipeline is not None:
+            self.pipeline.sync_tied()
         if self.scaler:  # clip the true gradients; an overflowing step is skipped by step()
             self.scaler.unscale_(self.optimizer)
-        grad_norm = (nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
-                     if self.cfg.clip_norm else torch.tensor(0.0))
+        grad_norm = self._clip()
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -290,7 +414,19 @@ class Trainer:
         return {"loss": loss_sum / global_tokens, "nll": nll_sum / global_tokens,
                 "ppl": math.exp(min(nll_sum / global_tokens, 50)), "lr": lr,
                 "grad_norm": float(grad_norm), "tgt_tokens": global_tokens,
-                "src_tokens": distributed.all_reduce_sum(src_tokens)}
+                "src_tokens": distributed.all_reduce_sum(src_tokens, dp_group)}
+
+    def _clip(self) -> torch.Tensor:
+        """Clip the norm of the whole model's gradient: over every shard and stage when the
+        model is split (a tied weight's second copy in a pipeline counts once)."""
+        if not self.cfg.clip_norm:
+            return torch.tensor(0.0)
+        if not self.plan.sharded:
+            return nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        if self.pipeline is None:
+            return parallel.clip_grad_norm(self.trained.parameters(), self.cfg.clip_norm)
+        return parallel.clip_grad_norm(self.trained.parameters(), self.cfg.clip_norm,
+                                       self.layout.pp_group, self.pipeline.norm_parameters())
 
     def _write_metrics(self, metrics, row: dict[str, float]) -> None:
         try:
@@ -319,8 +455,9 @@ class Trainer:
         """One validation pass, said on rank 0 with the best loss so far, above the progress
         bar (a plain line when the bar is off). Returns ``val_loss`` (for
         :meth:`_track_best`) and, for a task that classifies, ``val_accuracy``."""
-        found = {"val_loss": evaluate(self.model, self.task, self.val_batches, self.device,
-                                      self.precision)}
+        found = {"val_loss": self.pipeline.evaluate(self.val_batches) if self.pipeline
+                 else evaluate(self.model, self.task, self.val_batches, self.device,
+                               self.autocast)}
         line = (f"step {self.step}: val loss {found['val_loss']:.4f} "
                 f"(best {min(found['val_loss'], self.best_val):.4f})")
         if self.classifies:
@@ -354,8 +491,10 @@ class Trainer:
     def fit(self) -> list[dict[str, float]]:
         from tqdm import tqdm
 
-        if self.step == 0:  # fresh run: seed dropout (a resumed run restored its RNG state)
-            torch.manual_seed(self.cfg.seed + self.rank)
+        if self.step == 0:  # fresh run: seed dropout (a resumed run restored its RNG state);
+            # tensor-parallel ranks share their data rank's seed: replicated activations must
+            # drop the same units
+            torch.manual_seed(self.cfg.seed + self.layout.dp_rank)
         self.model.train()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         data_iter = iter(self.batches)

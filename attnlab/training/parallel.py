@@ -1,0 +1,334 @@
+"""Training beyond one device, on PyTorch's own engine, applied from outside a plain model.
+
+One :class:`ParallelPlan`, built from the flags and the world size, decides the layout. The
+ranks form a DeviceMesh ``(pp, dp, tp)``, tensor parallelism innermost (ranks next to each
+other exchange the most):
+
+* **data parallel** (``dp = world / (tp·pp)`` ranks): DDP replicates the model; FSDP2
+  (``fully_shard`` per block, then the root) shards parameters, gradients and Adam state, so a
+  rank holds about M / dp of them (ZeRO-3) and gathers one block's weights at a time.
+* **tensor parallel** (``--tp N``, Megatron-LM): in every attention the query/key/value
+  projections are split column-wise and the output projection row-wise, so a rank computes
+  h / N heads and one all-reduce joins them; the FFN's W₁ (and W₃) column-wise, W₂ row-wise.
+  Embeddings, head and norms are replicated.
+* **pipeline parallel** (``--pp N``): ⌈L / N⌉ layers per stage, micro-batches through a GPipe
+  or 1F1B schedule (:mod:`attnlab.training.pipeline`); a bubble leaves the efficiency at
+  B / (B + N − 1) for B micro-batches.
+* **activation checkpointing**: a checkpointed block keeps only its input and recomputes its
+  inside during backward (memory ÷ a constant, time × (1 + α), α ≈ 0.2–0.3); segments of about
+  √N blocks keep √N inputs and one segment's inside: memory ∝ √N instead of N.
+
+The trainer asks this module for the data-parallel group (data is split and tokens are summed
+over it, not over the whole world), for the gradient norm (over every shard and stage), and
+for the full weights that rank 0 writes into each checkpoint's model folder.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from attnlab.errors import BadInput
+from attnlab.nn.feedforward import FeedForward
+from attnlab.nn.multihead import MultiHeadAttention
+from attnlab.nn.relative import RelativePositionBias
+from attnlab.params import check_parallel
+
+STRATEGIES = ("ddp", "fsdp")
+CHECKPOINTING = ("none", "block", "sqrt")
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How ``world`` ranks share one training run (see the module docstring).
+
+    ``strategy``: how the data-parallel ranks hold the model (``ddp``: whole copies; ``fsdp``:
+    shards). ``tp``, ``pp``: tensor- and pipeline-parallel degrees; ``microbatches`` and
+    ``schedule`` drive the pipeline. ``checkpointing``: ``none``, ``block`` or ``sqrt``.
+    """
+
+    world: int = 1
+    strategy: str = "ddp"
+    tp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = "gpipe"
+    checkpointing: str = "none"
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("--parallel", self.strategy, STRATEGIES),
+                                     ("--activation-checkpointing", self.checkpointing,
+                                      CHECKPOINTING),
+                                     ("--pp-schedule", self.schedule, SCHEDULES)):
+            if value not in allowed:
+                raise BadInput(f"{name} {value!r}: expected one of {', '.join(allowed)}")
+        for name, value in (("--tp", self.tp), ("--pp", self.pp),
+                            ("--microbatches", self.microbatches)):
+            if value < 1:
+                raise BadInput(f"{name} must be >= 1, got {value}")
+        if self.world % (self.tp * self.pp):
+            raise BadInput(f"--tp {self.tp} x --pp {self.pp} does not divide the {self.world} "
+                           "processes torchrun started")
+        if self.tp > 1 and self.dp > 1 and self.strategy != "fsdp":
+            raise BadInput(f"--tp {self.tp} on {self.world} processes leaves {self.dp} "
+                           "data-parallel ranks: shard them with --parallel fsdp (a 2-D mesh)")
+        if self.pp > 1 and (self.tp > 1 or self.dp > 1):
+            raise BadInput(f"--pp {self.pp} runs on exactly {self.pp} processes, without --tp "
+                           f"or data parallelism (torchrun started {self.world})")
+        if self.checkpointing == "sqrt" and self.sharded:
+            raise BadInput("--activation-checkpointing sqrt runs in one process or under DDP; "
+                           "with --parallel fsdp, --tp or --pp use block")
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether some rank holds only part of the model (checkpoints are then sharded)."""
+        return self.strategy == "fsdp" or self.tp > 1 or self.pp > 1
+
+    def check(self, config) -> None:
+        """The model can be split as asked (:func:`attnlab.params.check_parallel`, the same
+        rules ``attnlab info --parallel`` applies): N divides the heads and the key/value
+        heads, so every attention keeps whole heads; ``pp`` stages for at most as many
+        layers, of a decoder-only or encoder-only model."""
+        check_parallel(config, self.world, self.tp, self.pp, self.strategy)
+
+
+def from_environment(strategy: str | None = None, tp: int = 1, pp: int = 1,
+                     microbatches: int | None = None, schedule: str = "gpipe",
+                     checkpointing: str = "none") -> ParallelPlan:
+    """The plan for this process: ``strategy`` None means DDP when torchrun started several
+    processes. A parallel flag outside torchrun is refused (it would silently train alone)."""
+    launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    if not launched and (strategy is not None or tp > 1 or pp > 1):
+        flag = f"--parallel {strategy}" if strategy else ("--tp" if tp > 1 else "--pp")
+        raise BadInput(f"{flag} needs several processes: launch with torchrun "
+                       "(e.g. torchrun --standalone --nproc-per-node 2 -m attnlab.cli train ...)")
+    world = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
+    return ParallelPlan(world, strategy or "ddp", tp, pp,
+                        microbatches if microbatches is not None else max(1, 2 * pp),
+                        schedule, checkpointing)
+
+
+# --- the mesh --------------------------------------------------------------------------------
+class Layout:
+    """This rank's place in the plan's mesh: its data-parallel group and rank, its tensor- and
+    pipeline-parallel groups, and the sub-meshes the engine's APIs take."""
+
+    def __init__(self, plan: ParallelPlan, device: torch.device):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.plan = plan
+        self.mesh = None
+        self.dp_rank, self.dp_group = 0, None
+        self.pp_rank, self.pp_group = 0, None
+        self.tp_rank = 0
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        self.mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.tp),
+                                     mesh_dim_names=("pp", "dp", "tp"))
+        self.dp_rank, self.dp_group = self.mesh["dp"].get_local_rank(), self.mesh["dp"].get_group()
+        self.pp_rank, self.pp_group = self.mesh["pp"].get_local_rank(), self.mesh["pp"].get_group()
+        self.tp_rank = self.mesh["tp"].get_local_rank()
+
+    def submesh(self, *names: str):
+        return self.mesh[names if len(names) > 1 else names[0]]
+
+
+# --- tensor parallelism ----------------------------------------------------------------------
+def apply_tensor_parallel(model: nn.Module, layout: Layout) -> None:
+    """Megatron's plan on every attention and feed-forward module, through
+    ``parallelize_module``: Q, K, V column-wise and the output row-wise, so this rank computes
+    heads ``[r·h/N, (r+1)·h/N)``; W₁, W₃ column-wise and W₂ row-wise. A fused QKV matrix is
+    first split into its three projections, so each is sharded by heads."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    n, rank, mesh = layout.plan.tp, layout.tp_rank, layout.submesh("tp")
+    for module in model.modules():
+        if isinstance(module, RelativePositionBias):
+            # T5's bias table has a column per head: each rank keeps its heads' columns, so
+            # the bias it computes, and the gradient it gets, are its heads' alone
+            parallelize_module(module, mesh, {"embedding": ColwiseParallel()})
+        if isinstance(module, MultiHeadAttention):
+            module.unfuse_qkv_()
+            parallelize_module(module, mesh, {"q_proj": ColwiseParallel(),
+                                              "k_proj": ColwiseParallel(),
+                                              "v_proj": ColwiseParallel(),
+                                              "out_proj": RowwiseParallel()})
+            # the module now sees only its rank's heads: (batch, seq, h/N · d_k)
+            module.n_heads //= n
+            module.num_kv_heads //= n
+            module.q_dim, module.kv_dim = module.q_dim // n, module.kv_dim // n
+            heads = module.n_heads
+            module.original_heads = module.original_heads[rank * heads:(rank + 1) * heads]
+        elif isinstance(module, FeedForward):
+            plan = {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
+            if module.w3 is not None:
+                plan["w3"] = ColwiseParallel()
+            parallelize_module(module, mesh, plan)
+
+
+def fused_state(state: dict[str, Tensor], config) -> dict[str, Tensor]:
+    """A full state dict of a tensor-parallel model, its attention projections put back into
+    the fused ``qkv`` rows ``[Q | K | V]`` the config's model has (the inverse of
+    :meth:`MultiHeadAttention.unfuse_qkv_`)."""
+    if not config.fused_qkv:
+        return state
+    out = dict(state)
+    for key in [k for k in state if ".q_proj." in k]:
+        prefix, _, kind = key.partition(".q_proj.")
+        parts = [out.pop(f"{prefix}.{p}.{kind}") for p in ("q_proj", "k_proj", "v_proj")]
+        out[f"{prefix}.qkv.{kind}"] = torch.cat(parts)
+    return out
+
+
+# --- activation checkpointing ----------------------------------------------------------------
+def _stacks(model: nn.Module) -> list[nn.ModuleList]:
+    """Every stack's list of layers (the encoder's, the decoder's, a GPT's blocks)."""
+    return [m.layers for m in model.modules()
+            if isinstance(getattr(m, "layers", None), nn.ModuleList)]
+
+
+def apply_checkpointing(model: nn.Module, mode: str) -> None:
+    """Recompute activations in backward instead of keeping them (non-reentrant
+    ``torch.utils.checkpoint``), per ``mode``:
+
+    * ``block``: each layer keeps only its input; memory ≈ N·(input) + one layer's inside.
+    * ``sqrt``: segments of ⌈√N⌉ consecutive layers are one checkpoint each, keeping ≈ √N
+      inputs and one segment's inside: the course's memory / √N scheme.
+
+    The layers' ``forward`` is wrapped on the instance; names, weights and state dicts are
+    untouched. Gradients equal those without checkpointing (the same ops run again)."""
+    if mode == "none":
+        return
+    for layers in _stacks(model):
+        unique = list(dict.fromkeys(layers))  # ALBERT: one layer object N times
+        if mode == "block" or len(unique) < len(layers):
+            for layer in unique:
+                _checkpoint_layer(layer)
+            continue
+        size = math.ceil(math.sqrt(len(layers)))
+        for start in range(0, len(layers), size):
+            _Segment(list(layers[start:start + size]))
+
+
+def _checkpoint_layer(layer: nn.Module) -> None:
+    inner = layer.forward
+
+    def forward(*args, **kwargs):
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    layer.forward = forward
+
+
+class _Segment:
+    """Layers ``[a, b)`` of a stack run as one checkpoint. The stack still calls each layer
+    with ``(x, *same arguments)``: the first runs the whole segment under ``checkpoint``, the
+    others pass ``x`` through, except while the segment itself runs them."""
+
+    def __init__(self, layers: list[nn.Module]):
+        self.layers, self.running = layers, False
+        self.inner = [layer.forward for layer in layers]
+        layers[0].forward = self.first
+        for i, layer in enumerate(layers[1:], start=1):
+            layer.forward = self.later(i)
+
+    def run(self, x: Tensor, *args) -> Tensor:
+        self.running = True
+        try:
+            for layer in self.layers:
+                x = layer(x, *args)
+        finally:
+            self.running = False
+        return x
+
+    def first(self, x: Tensor, *args) -> Tensor:
+        if self.running:
+            return self.inner[0](x, *args)
+        return checkpoint(self.run, x, *args, use_reentrant=False)
+
+    def later(self, i: int):
+        def forward(x: Tensor, *args) -> Tensor:
+            return self.inner[i](x, *args) if self.running else x
+        return forward
+
+
+# --- FSDP2 -----------------------------------------------------------------------------------
+def apply_fsdp(model: nn.Module, layout: Layout, precision: str) -> None:
+    """``fully_shard`` each layer, then the root, over the data-parallel mesh (with ``--tp``,
+    the dp dimension of the 2-D mesh). bf16 trains through FSDP's ``MixedPrecisionPolicy``:
+    bf16 weights in compute, gradients reduced in fp32, fp32 master shards."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy()
+    if precision in ("bf16", "fp16"):
+        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, {"bf16": "bfloat16",
+                                                                  "fp16": "float16"}[precision]),
+                                      reduce_dtype=torch.float32)
+    mesh = layout.submesh("dp")
+    for layers in _stacks(model):
+        for layer in dict.fromkeys(layers):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+# --- gradients -------------------------------------------------------------------------------
+def grad_norm(parameters, pp_group=None) -> Tensor:
+    """‖g‖₂ over every gradient of the model, whichever rank holds it: sharded gradients
+    (DTensors) are reduced over their own mesh by torch, grouped by mesh and placement; the
+    stages of a pipeline add their squares. Replicated gradients count once."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[object, list[Tensor]] = {}
+    for p in parameters:
+        if p.grad is None:
+            continue
+        g = p.grad
+        key = (g.device_mesh, g.placements) if isinstance(g, DTensor) else None
+        groups.setdefault(key, []).append(g)
+    squares = torch.zeros((), dtype=torch.float32)
+    for key, grads in groups.items():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        if key is not None:
+            norm = norm.full_tensor()
+        squares = squares + norm.float().cpu() ** 2
+    if pp_group is not None:
+        squares = squares.to(_group_device(pp_group))
+        dist.all_reduce(squares, group=pp_group)
+    return squares.cpu().sqrt()
+
+
+def clip_grad_norm(parameters, max_norm: float, pp_group=None, counted=None) -> Tensor:
+    """Scale every gradient by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ from :func:`grad_norm`
+    of ``counted`` (default: ``parameters``; a pipeline's second copy of a tied weight is left
+    out) — ``torch.nn.utils.clip_grad_norm_``'s rule, over the whole model. Returns ‖g‖."""
+    parameters = list(parameters)
+    total = grad_norm(parameters if counted is None else counted, pp_group)
+    coef = max_norm / (float(total) + 1e-6)
+    if coef < 1.0:
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return total
+
+
+def _group_device(group) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+__all__ = ["ParallelPlan", "Layout", "from_environment", "apply_tensor_parallel",
+           "apply_checkpointing", "apply_fsdp", "clip_grad_norm", "grad_norm", "fused_state"]

@@ -1,0 +1,130 @@
+"""Sharded training checkpoints with ``torch.distributed.checkpoint`` (DCP), read without
+unpickling arbitrary objects.
+
+A sharded run's checkpoint ``step-N/`` is the usual model folder (full weights in
+safetensors, gathered to rank 0: what ``attnlab.load``, ``average`` and every inference
+command read, in one process) plus ``sharded/``: DCP's files, each rank's part of the model
+and of the optimizer state, which only ``--resume`` reads. DCP reshards on load, so a run
+saved by N ranks resumes on M.
+
+Atomicity: every rank writes its part into one temporary folder; after a barrier, rank 0
+moves it into the checkpoint's own temporary folder and renames that into place
+(:func:`attnlab.storage.save_model_dir`), so ``step-N/`` appears whole or not at all.
+
+DCP writes its metadata with ``pickle`` and the optimizer's non-tensor values with
+``torch.save``. A checkpoint folder is a file from a user: the metadata is read by an
+unpickler that knows only DCP's own record types, and the values with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+
+import torch
+
+from attnlab.storage import CheckpointError
+
+SHARDED = "sharded"
+
+# The classes and functions DCP's metadata names (checked on torch 2.13): records, sizes,
+# dtypes and the two enum decoders. Nothing here runs code chosen by the file.
+_METADATA_NAMES = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+      ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+      ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _METADATA_NAMES or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a DCP checkpoint")
+
+
+def _reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata_path = Path(self.path) / ".metadata"
+            try:
+                with open(metadata_path, "rb") as f:
+                    metadata = _MetadataUnpickler(f).load()
+            except FileNotFoundError:
+                raise CheckpointError(f"{metadata_path}: missing") from None
+            except Exception as e:
+                raise CheckpointError(f"{metadata_path}: not a checkpoint's metadata ({e})") \
+                    from None
+            if getattr(metadata, "storage_meta", None) is None:
+                from torch.distributed.checkpoint.metadata import StorageMeta
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def _planner():
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._nested_dict import set_element
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],
+                            loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafePlanner()
+
+
+def save_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 ) -> None:
+    """Every rank writes its shards of the model and optimizer state into ``folder``
+    (a collective call)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder))
+
+
+def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 ) -> None:
+    """Load ``folder`` (written by :func:`save_sharded` on any number of ranks) into this
+    rank's model and optimizer, resharded to the current layout (a collective call)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    try:
+        dcp.load(state, storage_reader=_reader(folder), planner=_planner())
+    except CheckpointError:
+        raise
+    except Exception as e:  # a missing key, a wrong shape: another model's checkpoint
+        raise CheckpointError(f"{folder}: does not match this run's model ({e})") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights as plain CPU tensors on rank 0 (empty on the others),
+    gathered by torch (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``);
+    a collective call."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+
+
+__all__ = ["SHARDED", "save_sharded", "load_sharded", "full_model_state"]
