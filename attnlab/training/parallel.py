@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from attnlab import hardware
 from attnlab.errors import BadInput
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.multihead import MultiHeadAttention
@@ -142,6 +143,55 @@ class Layout:
 
     def submesh(self, *names: str):
         return self.mesh[names if len(names) > 1 else names[0]]
+
+
+@dataclass
+class Placed:
+    """A model laid out by a plan: ``trained`` holds the parameters this rank's optimizer
+    updates (a pipeline stage's part, or the whole, possibly sharded, model); ``train_model``
+    is what the training step calls (DDP's wrapper under plain data parallelism);
+    ``autocast`` the precision autocast runs in (fp32 under FSDP, whose
+    ``MixedPrecisionPolicy`` casts instead)."""
+
+    layout: Layout
+    trained: nn.Module
+    train_model: nn.Module
+    pipeline: object | None
+    autocast: str
+
+
+def place(model: nn.Module, task, plan: ParallelPlan, device: torch.device,
+          precision: str) -> Placed:
+    """Apply ``plan`` to ``model`` in place, in the order the engine needs: activation
+    checkpointing, then either the pipeline split, or tensor parallelism and then FSDP over
+    the data-parallel ranks (a 2-D mesh with both); under plain data parallelism, DDP."""
+    from attnlab.training import distributed
+
+    layout = Layout(plan, device)
+    autocast = "fp32" if plan.strategy == "fsdp" else precision
+    apply_checkpointing(model, plan.checkpointing)
+    if plan.pp > 1:
+        from attnlab.training.pipeline import Pipeline
+
+        pipeline = Pipeline(model, task, layout.pp_rank, plan.pp, layout.pp_group,
+                            plan.microbatches, plan.schedule, device)
+        return Placed(layout, pipeline.module, pipeline.module, pipeline, autocast)
+    if plan.tp > 1:
+        apply_tensor_parallel(model, layout)
+    if plan.strategy == "fsdp":
+        apply_fsdp(model, layout, precision)
+    train_model = model if plan.sharded else distributed.wrap(model)
+    return Placed(layout, model, train_model, None, autocast)
+
+
+def grad_scaler(plan: ParallelPlan, device: torch.device, precision: str):
+    """fp16's loss scaler (None otherwise); under FSDP torch's sharded one, whose inf check
+    spans the ranks."""
+    if precision != "fp16" or plan.strategy != "fsdp":
+        return hardware.grad_scaler(device, precision)
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device.type, init_scale=2.0**15)
 
 
 # --- tensor parallelism ----------------------------------------------------------------------
@@ -330,5 +380,6 @@ def _group_device(group) -> torch.device:
         if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
-__all__ = ["ParallelPlan", "Layout", "from_environment", "apply_tensor_parallel",
-           "apply_checkpointing", "apply_fsdp", "clip_grad_norm", "grad_norm", "fused_state"]
+__all__ = ["ParallelPlan", "Layout", "Placed", "place", "grad_scaler", "from_environment",
+           "apply_tensor_parallel", "apply_checkpointing", "apply_fsdp", "clip_grad_norm",
+           "grad_norm", "fused_state"]

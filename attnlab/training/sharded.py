@@ -20,11 +20,16 @@ unpickler that knows only DCP's own record types, and the values with
 from __future__ import annotations
 
 import io
+import os
 import pickle
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from attnlab.build import build_model
 from attnlab.storage import CheckpointError
 
 SHARDED = "sharded"
@@ -117,6 +122,35 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
                    optim_state_dict=state["optimizer"])
 
 
+def save_checkpoint(ckpt_dir: Path, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, full: dict[str, torch.Tensor] | None,
+                    config, write: Callable[[torch.nn.Module, dict], Path]) -> Path | None:
+    """One sharded checkpoint ``ckpt_dir/step-N`` (a collective call): every rank writes its
+    shards of ``model`` and ``optimizer`` into one temporary folder; then rank 0 builds a
+    plain model of the gathered weights ``full`` and ``write(plain, extra_files)`` writes its
+    model folder around the shards and renames it into place. Returns the folder on rank 0."""
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    tmp = ckpt_dir / f".tmp-{SHARDED}-{step:08d}"
+    if rank0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    _barrier()
+    save_sharded(tmp, model, optimizer)
+    _barrier()  # every rank's part is on disk
+    saved = None
+    if rank0:
+        plain = build_model(config)
+        plain.load_state_dict(full)
+        saved = write(plain, {SHARDED: lambda path: os.replace(tmp, path)})
+    _barrier()  # no rank reads or moves on before the checkpoint is in place
+    return saved
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights as plain CPU tensors on rank 0 (empty on the others),
     gathered by torch (``get_model_state_dict(full_state_dict=True, cpu_offload=True)``);
@@ -127,4 +161,4 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                                                                 cpu_offload=True))
 
 
-__all__ = ["SHARDED", "save_sharded", "load_sharded", "full_model_state"]
+__all__ = ["SHARDED", "save_checkpoint", "save_sharded", "load_sharded", "full_model_state"]

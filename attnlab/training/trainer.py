@@ -23,115 +23,28 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import time
-import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from attnlab import hardware
-from attnlab.build import build_model
-from attnlab.config import check_at_least
 from attnlab.data.stream import to_device
 from attnlab.errors import AttnlabError, BadInput, Stopped, WriteFailed
 from attnlab.storage import list_checkpoints, load_weights, remove_temporaries, save_model_dir
 from attnlab.training import distributed, parallel, sharded
 from attnlab.training.checkpoint import load_trainer_state, save_checkpoint
 from attnlab.training.guard import StopSignals
-from attnlab.training.schedule import NoamSchedule, schedule_from_dict, schedule_to_dict
+from attnlab.training.schedule import schedule_from_dict
 from attnlab.training.tasks import classification_metrics, evaluate
+from attnlab.training.train_config import TrainConfig, build_optimizer
 
 
 class TrainingDiverged(AttnlabError, RuntimeError):
     """The loss became NaN or inf; the message names the step and the checkpoint kept."""
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 1000
-    max_tokens: int = 4096  # padded tokens per side per micro-batch (the paper: ~25,000)
-    accumulate: int = 1
-    label_smoothing: float = 0.1
-    clip_norm: float | None = 1.0
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-9
-    schedule: dict[str, Any] = field(default_factory=lambda: schedule_to_dict(NoamSchedule()))
-    # "fp32", "bf16", "fp16" or "auto" (attnlab.hardware decides for the device); the CLI
-    # passes its --precision here. The library default stays fp32: same numbers everywhere.
-    precision: str = "fp32"
-    device: str = "auto"  # where recipes build the model: auto, cpu, cuda[:N], mps
-    compile: bool = False
-    seed: int = 0
-    save_every: int = 500
-    keep_last: int = 5
-    log_every: int = 10
-    optimizer: str = "adam"  # "adamw": decoupled weight decay on matrices only
-    weight_decay: float = 0.0
-    eval_every: int = 0  # steps between validation passes (0: never)
-    patience: int = 0  # stop after this many validation passes without a better loss (0: never)
-    time_budget: float | None = None  # seconds of training, then stop cleanly
-    # stop at the first validation pass this accurate (a task that classifies); with early
-    # stopping on, that model is the one kept in best/
-    stop_at_accuracy: float | None = None
-    progress: bool = True
-    # beyond one device (attnlab.training.parallel): None = DDP when torchrun starts several
-    # processes; "fsdp" shards; tp / pp: tensor- and pipeline-parallel degrees
-    parallel: str | None = None
-    tp: int = 1
-    pp: int = 1
-    microbatches: int | None = None  # pipeline micro-batches (default 2 x pp)
-    pp_schedule: str = "gpipe"
-    activation_checkpointing: str = "none"  # none, block or sqrt
-
-    def plan(self) -> parallel.ParallelPlan:
-        """The layout these fields ask for, in the processes torchrun started."""
-        return parallel.from_environment(self.parallel, self.tp, self.pp, self.microbatches,
-                                         self.pp_schedule, self.activation_checkpointing)
-
-    @property
-    def parallel_asked(self) -> bool:
-        """Whether a flag asks for FSDP, TP or PP (these need a process group even on one
-        rank)."""
-        return self.parallel is not None or self.tp > 1 or self.pp > 1
-
-    @property
-    def device_for_memory(self):
-        """The device training runs on, for memory checks (``auto`` resolved)."""
-        return hardware.pick_device(self.device)
-
-    def __post_init__(self) -> None:
-        check_at_least(self, dict(steps=1, max_tokens=1, accumulate=1, save_every=1, keep_last=1,
-                                  log_every=1, eval_every=0, patience=0, weight_decay=0.0,
-                                  label_smoothing=0.0, clip_norm=0.0, eps=0.0))
-        if self.time_budget is not None and not self.time_budget > 0:
-            raise BadInput(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
-        if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
-            raise BadInput(f"stop_at_accuracy must be in (0, 1], got {self.stop_at_accuracy!r}")
-        if not self.label_smoothing < 1:
-            raise BadInput(f"label_smoothing must be < 1, got {self.label_smoothing!r}")
-        hardware.precision_name(self.precision)  # an unknown name is a named error here
-        self.steps = _capped(self.steps)
-
-
-def _capped(steps: int) -> int:
-    """``steps``, or fewer under ``ATTNLAB_MAX_STEPS=N`` (a smoke test of a recipe: the README's
-    commands run in the test suite so), with a warning saying so."""
-    cap = os.environ.get("ATTNLAB_MAX_STEPS", "")
-    if not cap:
-        return steps
-    if not cap.isdigit() or int(cap) < 1:
-        raise BadInput(f"ATTNLAB_MAX_STEPS={cap!r}: expected a whole number >= 1")
-    if steps > int(cap):
-        warnings.warn(f"ATTNLAB_MAX_STEPS={cap}: training stops at step {cap}, not {steps}",
-                      stacklevel=3)
-        return int(cap)
-    return steps
 
 
 _FAULT_SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
@@ -166,26 +79,6 @@ def _step_of(row: str) -> float:
         return math.inf
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
-    """Adam (the paper) or AdamW with weight decay on matrices only: biases, norm gains and
-    embeddings' 1-D parameters are not pulled towards zero."""
-    params = list(model.parameters())
-    # The fused kernel updates every tensor in one pass: on CPU a small GPT's AdamW step drops
-    # from 1.7 ms to 0.4 ms (5% of its training step).
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    # Tensor parallelism leaves some parameters plain (norms, embeddings) beside sharded
-    # DTensors; the fused and foreach kernels take one kind per call, so update per tensor.
-    mixed = len({isinstance(p, DTensor) for p in params}) > 1
-    kernels = dict(fused=False, foreach=False) if mixed else dict(fused=fused)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=cfg.betas, eps=cfg.eps, **kernels)
-    if cfg.optimizer != "adamw":
-        raise BadInput(f"unknown optimizer {cfg.optimizer!r} (adam or adamw)")
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, **kernels)
-
-
 class Trainer:
     """Trains ``model`` on ``batches`` (e.g. :class:`TranslationBatches`, :class:`LMBatches`);
     ``task`` (:mod:`attnlab.training.tasks`) says how a batch becomes a loss. Each validation
@@ -210,11 +103,16 @@ class Trainer:
                            "eval_every > 0")
         self.device = next(model.parameters()).device
         self.precision = hardware.pick_precision(config.precision, self.device)
-        self._lay_out(model, config)
+        # the plan: who holds which part of the model (parallel.place), and this rank's data
+        self.plan = config.plan()
+        self.plan.check(model_config)
+        placed = parallel.place(model, task, self.plan, self.device, self.precision)
+        self.layout, self.pipeline, self.autocast = placed.layout, placed.pipeline, placed.autocast
+        self.trained, self.train_model = placed.trained, placed.train_model
         self.batches = batches.shard(self.layout.dp_rank, self.plan.dp)
         self.schedule = schedule_from_dict(config.schedule)
         self.optimizer = build_optimizer(self.trained, config, self.schedule(1))
-        self.scaler = self._grad_scaler()  # fp16 only
+        self.scaler = parallel.grad_scaler(self.plan, self.device, self.precision)  # fp16 only
         if config.compile:
             self.train_model = torch.compile(self.train_model)
         self.step = 0
@@ -222,40 +120,6 @@ class Trainer:
         self.fault = _fault_hook()
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.metrics_path = self.out_dir / "metrics.jsonl"
-
-    def _lay_out(self, model: nn.Module, config: TrainConfig) -> None:
-        """Apply the :class:`~parallel.ParallelPlan`: activation checkpointing, then the
-        pipeline split, or tensor parallelism and FSDP; under plain DDP, its wrapper.
-        ``self.trained`` is the module whose parameters this rank's optimizer updates."""
-        self.plan = config.plan()
-        self.plan.check(self.model_config)
-        self.layout = parallel.Layout(self.plan, self.device)
-        self.pipeline = None
-        # bf16/fp16 under FSDP is its MixedPrecisionPolicy, not autocast
-        self.autocast = "fp32" if self.plan.strategy == "fsdp" else self.precision
-        parallel.apply_checkpointing(model, self.plan.checkpointing)
-        if self.plan.pp > 1:
-            from attnlab.training.pipeline import Pipeline
-
-            self.pipeline = Pipeline(model, self.task, self.layout.pp_rank, self.plan.pp,
-                                     self.layout.pp_group, self.plan.microbatches,
-                                     self.plan.schedule, self.device)
-            self.trained = self.train_model = self.pipeline.module
-            return
-        if self.plan.tp > 1:
-            parallel.apply_tensor_parallel(model, self.layout)
-        if self.plan.strategy == "fsdp":
-            parallel.apply_fsdp(model, self.layout, self.precision)
-        self.trained = model
-        self.train_model = model if self.plan.sharded else distributed.wrap(model)
-
-    def _grad_scaler(self):
-        """fp16's loss scaler; under FSDP torch's sharded one (its inf check spans ranks)."""
-        if self.precision != "fp16" or self.plan.strategy != "fsdp":
-            return hardware.grad_scaler(self.device, self.precision)
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(self.device.type, init_scale=2.0**15)
 
     # --- state ---------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -300,28 +164,14 @@ class Trainer:
                               f"{kept[-1] if kept else 'none written yet'}") from None
 
     def _save_sharded(self) -> Path | None:
-        """Every rank writes its shards into one temporary folder; rank 0 writes the model
-        folder of the gathered weights around it and renames the whole checkpoint into place
-        (see :mod:`attnlab.training.sharded`)."""
+        """Every rank's shards and rank 0's model folder of the gathered weights, as one
+        checkpoint (:func:`sharded.save_checkpoint`)."""
         full = (self.pipeline.full_state_dict() if self.pipeline is not None
                 else sharded.full_model_state(self.model))
-        tmp = self.ckpt_dir / f".tmp-{sharded.SHARDED}-{self.step:08d}"
-        if self.is_main:
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-        distributed.barrier()
-        sharded.save_sharded(tmp, self.trained, self.optimizer)
-        distributed.barrier()  # every rank's part is on disk
-        saved = None
-        if self.is_main:
-            if self.qkv_split:
-                full = parallel.fused_state(full, self.model_config)
-            plain = build_model(self.model_config)
-            plain.load_state_dict(full)
-            saved = self._write_checkpoint(
-                plain, {sharded.SHARDED: lambda path: os.replace(tmp, path)})
-        distributed.barrier()  # no rank reads or moves on before the checkpoint is in place
-        return saved
+        if self.is_main and self.qkv_split:
+            full = parallel.fused_state(full, self.model_config)
+        return sharded.save_checkpoint(self.ckpt_dir, self.step, self.trained, self.optimizer,
+                                       full, self.model_config, self._write_checkpoint)
 
     def resume(self) -> bool:
         """Continue from the newest checkpoint in ``out_dir``; False if there is none. A
