@@ -259,9 +259,26 @@ def test_sharded_checkpoint_resumes_on_one_rank(fsdp_two_ranks):
     ref, got = _losses(run), _losses(stopped)
     assert sorted(got) == list(range(1, 7))
     assert max(abs(got[s] - ref[s]) for s in range(4, 7)) <= 1e-5
-    # and inference reads the run in one process, without torchrun
+    # and inference and averaging read the run in one process, without torchrun
     r = _cli("translate", "--model", str(stopped), "--quiet", "one two three")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    r = _cli("average", "--model", str(stopped), "--last", "2")
+    assert r.returncode == 0, r.stderr
+    averaged = load_file(str(stopped / "final" / "model.safetensors"))
+    a, b = _weights(stopped, 3), _weights(stopped, 6)
+    assert all(torch.allclose(averaged[k], (a[k] + b[k]) / 2, atol=1e-7) for k in a)
+
+
+def test_one_rank_checkpoint_resumes_on_two_ranks(fsdp_two_ranks, tmp_path):
+    run, _ = fsdp_two_ranks
+    common = [*TRAIN, "--steps", "6", "--save-every", "3", "--out", str(tmp_path), "--parallel",
+              "fsdp"]
+    r = _cli(*common, nproc=1, env={"ATTNLAB_FAULT": "term@step:3"})
+    assert "SIGTERM at step 3" in r.stderr, r.stderr[-3000:]
+    r = _cli(*common, "--resume", nproc=2)
+    assert r.returncode == 0 and "resumed from step 3" in r.stdout, r.stderr[-3000:]
+    ref, got = _losses(run), _losses(tmp_path)
+    assert max(abs(got[s] - ref[s]) for s in range(1, 7)) <= 1e-5
 
 
 def test_fsdp_with_tensor_parallel_on_four_processes_equals_one_process(one_process, tmp_path):
