@@ -111,8 +111,9 @@ class Trainer:
         self.trained, self.train_model = placed.trained, placed.train_model
         self.batches = batches.shard(self.layout.dp_rank, self.plan.dp)
         self.schedule = schedule_from_dict(config.schedule)
-        self.optimizer = build_optimizer(self.trained, config, self.schedule(1))
         self.scaler = parallel.grad_scaler(self.plan, self.device, self.precision)  # fp16 only
+        self.optimizer = build_optimizer(self.trained, config, self.schedule(1),
+                                         fused=not (self.scaler and self.plan.sharded))
         if config.compile:
             self.train_model = torch.compile(self.train_model)
         self.step = 0

@@ -291,11 +291,15 @@ def test_fsdp_with_tensor_parallel_on_four_processes_equals_one_process(one_proc
     assert max(abs(got[s] - ref[s]) for s in ref) <= 1e-5
 
 
-def test_fsdp_bf16_with_accumulation_follows_the_unsharded_bf16_loss_curve(tmp_path):
-    """bf16 under FSDP is its MixedPrecisionPolicy (bf16 compute, fp32 reduction and master
-    weights); one process runs bf16 autocast. Their roundings differ, so the loss curves are
-    compared (within 0.01 nats a step), not the bits; both accumulate 2 micro-batches."""
-    common = [*TRAIN[:-1], "bf16", "--steps", "6", "--save-every", "100", "--accumulate", "2"]
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_fsdp_half_precision_with_accumulation_follows_the_unsharded_loss_curve(precision,
+                                                                              tmp_path):
+    """Half precision under FSDP is its MixedPrecisionPolicy (half compute, fp32 reduction
+    and master weights; fp16 with FSDP's sharded gradient scaler); one process runs autocast
+    (fp16 with its scaler). Their roundings differ, so the loss curves are compared (within
+    0.01 nats a step), not the bits; both accumulate 2 micro-batches."""
+    common = [*TRAIN[:-1], precision, "--steps", "6", "--save-every", "100", "--accumulate",
+              "2"]
     one = _cli(*common, "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
     two = _cli(*common, "--out", str(tmp_path / "fsdp"), "--parallel", "fsdp", nproc=2)
