@@ -16,7 +16,7 @@ the course's formula (docs/scaling.md).
    slower rank's, median), against T_1, one process with 1 thread running the whole model on
    the same batch. Measured efficiency T_1 / (N·T_pp) beside the course's B / (B + N − 1).
 
-    .venv/bin/python -m benchmarks.parallel [--quick] [--steps 4]
+    .venv/bin/python -m benchmarks.parallel [--quick] [--steps 5]
 """
 
 from __future__ import annotations
@@ -66,9 +66,13 @@ def _model(config: ModelConfig) -> torch.nn.Module:
     return build_model(config)
 
 
-def _step(model, batch: LMBatch) -> None:
-    """One forward + backward of the mean next-token loss."""
-    (CausalLM().loss(model, batch).loss / batch.targets.numel()).backward()
+def _step(model, batch: LMBatch) -> float:
+    """One forward + backward of the mean next-token loss; returns the forward's seconds."""
+    start = time.perf_counter()
+    loss = CausalLM().loss(model, batch).loss / batch.targets.numel()
+    forward = time.perf_counter() - start
+    loss.backward()
+    return forward
 
 
 def _snapshot(tracker, kind: str) -> dict[str, int]:
@@ -101,13 +105,16 @@ def checkpointing(sizes: dict, steps: int) -> None:
                 _step(model, batch)
         peaks[mode] = _snapshot(tracker, "peak")
     times: dict[str, list[float]] = {mode: [] for mode in models}
+    forward = []  # the forward's share of a step without checkpointing: the recomputed part
     for i in range(steps + 1):  # the modes alternate step by step: noise hits all alike
         for mode, model in models.items():
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
-            _step(model, batch)
+            fwd = _step(model, batch)
             if i:  # the first round is the warm-up
                 times[mode].append(time.perf_counter() - start)
+                if mode == "none":
+                    forward.append(fwd / times[mode][-1])
     act = {m: p["Total"] - p["Parameter"] - p["Gradient"] for m, p in peaks.items()}
     med = {m: statistics.median(t) for m, t in times.items()}
     seg = math.ceil(math.sqrt(n))
@@ -133,7 +140,9 @@ def checkpointing(sizes: dict, steps: int) -> None:
           f"gradients in that snapshot (activations and backward temporaries). Segments of "
           f"⌈√{n}⌉ = {seg} layers. Last column: N or N/{seg} layer inputs "
           f"({_mib(layer_in)} MiB each) + 1 or {seg} layers' inside (none's activations / {n}"
-          f" = {_mib(inside)} MiB). Times: median of {steps} steps.\n")
+          f" = {_mib(inside)} MiB). Times: median of {steps} steps. Here the forward (with "
+          f"the loss) is {statistics.median(forward):.0%} of a step without checkpointing: "
+          f"recomputing it once predicts 1 + α = {1 + statistics.median(forward):.2f}.\n")
 
 
 # --- spawned gloo ranks ------------------------------------------------------------------------
@@ -226,9 +235,9 @@ def data_parallel(sizes: dict) -> None:
           f" d_model {config.d_model}, M = {m:,} parameters, AdamW, fp32, batch {rows} × "
           f"{length} split over the ranks\n")
     print("| layout | rank | parameters (MiB) | course | gradients (MiB) | course | "
-          "AdamW state (MiB) | course | sum after the step | course 16·M/rank | "
+          "AdamW state (MiB) | course | the three | course 16·M/rank | other held (MiB) | "
           "peak during the step (MiB) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows_out = [("one process", "ddp", 1, [one], ("Parameter", "Gradient", "Optstate")),
                 (f"DDP {world}", "ddp", world, ddp, ("Parameter", "Gradient", "Optstate")),
                 (f"FSDP {world}", "fsdp", world, fsdp, ("Sharded Param", "Sharded Grad",
@@ -242,13 +251,16 @@ def data_parallel(sizes: dict) -> None:
                                for k, c in zip(keys, course, strict=True))
             total = sum(cur.get(k, 0) for k in keys)
             print(f"| {name} | {r} | {cells} | {_mib(total)} | {_mib(f.total)} | "
-                  f"{_mib(got['peak']['Total'])} |")
+                  f"{_mib(cur['Total'] - total)} | {_mib(got['peak']['Total'])} |")
     print("\nMeasured: MemTracker (one process, DDP) and FSDPMemTracker (FSDP: its sharded "
           "parameters, sharded gradients and optimizer state) after one AdamW step; course: "
           "attnlab.params.parallel_memory (4 + 4 + 8 bytes per parameter held). The peak adds "
-          "the step's activations and, for FSDP, the all-gathered layers. DDP's gradient "
-          "buckets (built with the wrapper, before the tracker starts) are not in these "
-          "figures.\n")
+          "the step's activations and temporaries, and, for FSDP, the all-gathered layers. "
+          "Other held: what else stays allocated after the step; under DDP (the default "
+          "gradient_as_bucket_view=False) it is the reducer's flat gradient buckets, which "
+          "the tracker sees as backward temporaries: a second copy of the gradients (attnlab's "
+          "trainer wraps DDP so too; gradient_as_bucket_view=True would make the gradients "
+          "views into the buckets).\n")
 
 
 # --- 3. pipeline bubble ------------------------------------------------------------------------
@@ -323,15 +335,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a tiny model, for a smoke run")
-    p.add_argument("--steps", type=int, default=None, help="timed steps (default 4; quick 1)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed steps of part 1, twice as many in part 3 (default 5; quick 1)")
     args = p.parse_args()
     sizes = QUICK if args.quick else FULL
-    steps = args.steps or (1 if args.quick else 4)
+    steps = args.steps or (1 if args.quick else 5)
     print(hardware.report(), flush=True)
     start = time.perf_counter()
     checkpointing(sizes, steps)
     data_parallel(sizes)
-    pipeline(sizes, steps)
+    pipeline(sizes, 2 * steps)  # its steps are short: more of them
     print(f"(whole run: {time.perf_counter() - start:.0f} s)")
 
 

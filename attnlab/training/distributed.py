@@ -59,6 +59,14 @@ def any_true(flag: bool) -> bool:
     return bool(all_reduce_sum(int(flag))) if is_distributed() else flag
 
 
+def broadcast_from_main(objects: list) -> None:
+    """Replace ``objects``' items on every rank by rank 0's, in place (a no-op in one
+    process). The objects are pickled between attnlab's own processes, never read from a
+    file."""
+    if is_distributed():
+        dist.broadcast_object_list(objects, src=0)
+
+
 def barrier() -> None:
     """Wait until every rank gets here (a no-op in one process)."""
     if is_distributed():

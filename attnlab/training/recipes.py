@@ -123,6 +123,7 @@ def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
         log(f"resumed from step {trainer.step}")
     history = trainer.fit()
     prepared.state["step"] = trainer.step  # what final/ records it was made at
+    model = trainer.full_model()  # whole again, on every rank, if the plan had split it
     results = recipe.finish(model, prepared, out_dir, rank)
     return TrainedRun(model.eval(), prepared.tokenizers, history, results)
 

@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from attnlab.build import build_model
 from attnlab.storage import CheckpointError
 
 SHARDED = "sharded"
@@ -123,12 +122,12 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, full: dict[str, torch.Tensor] | None,
-                    config, write: Callable[[torch.nn.Module, dict], Path]) -> Path | None:
+                    optimizer: torch.optim.Optimizer, plain: torch.nn.Module | None,
+                    write: Callable[[torch.nn.Module, dict], Path]) -> Path | None:
     """One sharded checkpoint ``ckpt_dir/step-N`` (a collective call): every rank writes its
-    shards of ``model`` and ``optimizer`` into one temporary folder; then rank 0 builds a
-    plain model of the gathered weights ``full`` and ``write(plain, extra_files)`` writes its
-    model folder around the shards and renames it into place. Returns the folder on rank 0."""
+    shards of ``model`` and ``optimizer`` into one temporary folder; then on rank 0
+    ``write(plain, extra_files)`` writes the model folder of ``plain`` (the gathered weights)
+    around the shards and renames it into place. Returns the folder on rank 0."""
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     tmp = ckpt_dir / f".tmp-{SHARDED}-{step:08d}"
     if rank0:
@@ -139,8 +138,6 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: torch.nn.Module,
     _barrier()  # every rank's part is on disk
     saved = None
     if rank0:
-        plain = build_model(config)
-        plain.load_state_dict(full)
         saved = write(plain, {SHARDED: lambda path: os.replace(tmp, path)})
     _barrier()  # no rank reads or moves on before the checkpoint is in place
     return saved

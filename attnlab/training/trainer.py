@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from attnlab import hardware
+from attnlab.build import build_model
 from attnlab.data.stream import to_device
 from attnlab.errors import AttnlabError, BadInput, Stopped, WriteFailed
 from attnlab.storage import list_checkpoints, load_weights, remove_temporaries, save_model_dir
@@ -167,12 +168,42 @@ class Trainer:
     def _save_sharded(self) -> Path | None:
         """Every rank's shards and rank 0's model folder of the gathered weights, as one
         checkpoint (:func:`sharded.save_checkpoint`)."""
+        return sharded.save_checkpoint(self.ckpt_dir, self.step, self.trained, self.optimizer,
+                                       self._plain_on_main(), self._write_checkpoint)
+
+    def _plain_on_main(self) -> nn.Module | None:
+        """A sharded run's model as one plain module of its gathered weights on rank 0 (None
+        on the others); every rank must call it (the weights are gathered collectively)."""
         full = (self.pipeline.full_state_dict() if self.pipeline is not None
                 else sharded.full_model_state(self.model))
-        if self.is_main and self.qkv_split:
+        if not self.is_main:
+            return None
+        if self.qkv_split:
             full = parallel.fused_state(full, self.model_config)
-        return sharded.save_checkpoint(self.ckpt_dir, self.step, self.trained, self.optimizer,
-                                       full, self.model_config, self._write_checkpoint)
+        plain = build_model(self.model_config).to(self.device)
+        plain.load_state_dict(full)
+        return plain
+
+    def full_model(self) -> nn.Module:
+        """The trained model, whole, on every rank: the model itself, or under a sharded plan
+        a plain copy of its gathered weights (what the recipes score and save after
+        training). Every rank must call it."""
+        if not self.plan.sharded:
+            return self.model
+        plain = self._plain_on_main()
+        state = [plain.state_dict() if plain is not None else None]
+        distributed.broadcast_from_main(state)
+        if plain is None:
+            plain = build_model(self.model_config).to(self.device)
+            plain.load_state_dict(state[0])
+        return plain
+
+    def _keep_best(self) -> None:
+        """This model into ``out_dir/best`` (rank 0 writes; every rank calls it)."""
+        model = self._plain_on_main() if self.plan.sharded else self.model
+        if self.is_main:
+            save_model_dir(self.out_dir / "best", model, self.model_config, self.tokenizers,
+                           step=self.step)
 
     def resume(self) -> bool:
         """Continue from the newest checkpoint in ``out_dir``; False if there is none. A
@@ -295,9 +326,8 @@ class Trainer:
         brought no improvement (never when early stopping is off)."""
         if val_loss < self.best_val:
             self.best_val, self.evals_since_best = val_loss, 0
-            if self.cfg.patience and self.is_main:
-                save_model_dir(self.out_dir / "best", self.model, self.model_config,
-                               self.tokenizers, step=self.step)
+            if self.cfg.patience:
+                self._keep_best()
         else:
             self.evals_since_best += 1
         return bool(self.cfg.patience) and self.evals_since_best >= self.cfg.patience
@@ -312,7 +342,7 @@ class Trainer:
         line = (f"step {self.step}: val loss {found['val_loss']:.4f} "
                 f"(best {min(found['val_loss'], self.best_val):.4f})")
         if self.classifies:
-            with hardware.autocast(self.device, self.precision):
+            with hardware.autocast(self.device, self.autocast):
                 found["val_accuracy"] = classification_metrics(
                     self.model, self.val_batches, self.device, self.model_config.num_labels,
                     self.task)["accuracy"]
@@ -329,10 +359,9 @@ class Trainer:
         target = self.cfg.stop_at_accuracy
         if target is None or found["val_accuracy"] < target:
             return False
+        if self.cfg.patience and self.evals_since_best:  # (else _track_best just saved it)
+            self._keep_best()
         if self.is_main:
-            if self.cfg.patience and self.evals_since_best:  # (else _track_best just saved it)
-                save_model_dir(self.out_dir / "best", self.model, self.model_config,
-                               self.tokenizers, step=self.step)
             with bar.external_write_mode():
                 self.log(f"step {self.step}: validation accuracy {found['val_accuracy']:.4f} "
                          f">= {target}: stopping")

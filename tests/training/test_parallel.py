@@ -283,9 +283,11 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(fsdp_two_ranks, tmp_path):
 
 def test_fsdp_with_tensor_parallel_on_four_processes_equals_one_process(one_process, tmp_path):
     out = tmp_path / "2d"
-    r = _cli(*TRAIN, "--steps", "6", "--save-every", "3", "--out", str(out), "--parallel",
+    evaluated = [a for a in TRAIN if a != "--no-evaluate"]  # and translate after training
+    r = _cli(*evaluated, "--steps", "6", "--save-every", "3", "--out", str(out), "--parallel",
              "fsdp", "--tp", "2", nproc=4, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("held-out exact match:") == 1  # rank 0 scores the gathered model
     assert _max_diff(_weights(out, 6), _weights(one_process, 6)) <= 1e-5
     ref, got = _losses(one_process), _losses(out)
     assert max(abs(got[s] - ref[s]) for s in ref) <= 1e-5
@@ -308,6 +310,23 @@ def test_fsdp_half_precision_with_accumulation_follows_the_unsharded_loss_curve(
     assert sorted(got) == list(range(1, 7))
     assert max(abs(got[s] - ref[s]) for s in ref) <= 0.01, (ref, got)
     assert ref[6] < ref[1] - 0.3  # both learn: the curve is not flat
+
+
+def test_fsdp_early_stopping_keeps_the_gathered_best_model(tmp_path):
+    """A ViT on the digits with early stopping: best/ (written during training) and the
+    test scores (of best/, after training) are those of one process."""
+    common = ["train", "image", "--data", "digits", "--preset", "vit-tiny", "--steps", "4",
+              "--eval-every", "2", "--patience", "1", "--no-progress", "--precision", "fp32",
+              "--set", "dropout=0.0"]
+    one = _cli(*common, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    two = _cli(*common, "--out", str(tmp_path / "fsdp"), "--parallel", "fsdp", nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    best = [load_file(str(tmp_path / run / "best" / "model.safetensors"))
+            for run in ("one", "fsdp")]
+    assert _max_diff(*best) <= 1e-5
+    scores = [line for line in two.stdout.splitlines() if line.startswith(("val:", "test:"))]
+    assert len(scores) == 2 and all(line in one.stdout for line in scores), two.stdout
 
 
 TORCHRUN_ENV = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
