@@ -44,7 +44,6 @@ from attnlab.training import parallel
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.tasks import CausalLM
 
-MIB = 2**20
 FULL = dict(model=dict(n_decoder_layers=12, d_model=256, n_heads=4, d_ff=1024),
             ckpt_batch=(8, 256), mem_batch=(4, 128), pipe_batch=(8, 128), micro=(1, 2, 4, 8))
 QUICK = dict(model=dict(n_decoder_layers=4, d_model=64, n_heads=4, d_ff=256),
@@ -82,7 +81,7 @@ def _snapshot(tracker, kind: str) -> dict[str, int]:
 
 
 def _mib(n: float) -> str:
-    return f"{n / MIB:,.1f}"
+    return f"{n / 2**20:,.1f}"  # MiB
 
 
 # --- 1. activation checkpointing ---------------------------------------------------------------
@@ -305,11 +304,9 @@ def pipeline(sizes: dict, steps: int) -> None:
     micro, n = sizes["micro"], 2
     batch = _batch(config, rows, length)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        alone = {b: _one_process(config, batch, b, steps) for b in (1, *micro)}
-    finally:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(1)  # T_1: one process with one thread, as each rank has
+    alone = {b: _one_process(config, batch, b, steps) for b in (1, *micro)}
+    torch.set_num_threads(threads)
     t_pp = _spawn(_pipeline, n, sizes["model"], rows, length, micro, steps)[0]
     t1 = alone[1]
     print(f"### 3. Pipeline bubble: GPipe, N = {n} stages of {config.n_decoder_layers // n} "
