@@ -55,14 +55,19 @@ _LAYER = re.compile(r"^(blocks|encoder|decoder)\.layers\.(\d+)\.")
 _COLUMN = re.compile(r"\.(self_attn|cross_attn)\.(q_proj|k_proj|v_proj|qkv)\.(weight|bias)$"
                      r"|\.ffn\.(w1|w3)\.(weight|bias)$")
 _ROW = re.compile(r"\.(self_attn|cross_attn)\.out_proj\.weight$|\.ffn\.w2\.weight$")
+_RELATIVE = re.compile(r"^(tgt_)?positional\.embedding\.weight$")  # T5: a column per head
+STRATEGIES = ("ddp", "fsdp")  # how data-parallel ranks hold the model: copies, or shards
 PIPELINED = ("decoder", "encoder")  # archs the pipeline engine splits into stages
 ADAM_BYTES = 8  # Adam's two moments, m and v, in fp32 for every parameter
 
 
 def tp_split(name: str) -> str:
     """How tensor parallelism holds the parameter ``name``: ``"column"`` (split along its rows,
-    dim 0), ``"row"`` (split along its columns, dim 1) or ``"replicated"``. Only the matrices of
-    a layer (``blocks.layers.i``, ``encoder.layers.i``, ``decoder.layers.i``) are split."""
+    dim 0), ``"row"`` (split along its columns, dim 1) or ``"replicated"``. The matrices of a
+    layer (``blocks.layers.i``, ``encoder.layers.i``, ``decoder.layers.i``) are split, and T5's
+    relative-bias table ``(buckets, heads)`` by its head columns."""
+    if _RELATIVE.match(name):
+        return "row"
     if not _LAYER.match(name):
         return "replicated"
     if _COLUMN.search(name):
@@ -104,21 +109,38 @@ def stage_sizes(n_layers: int, pp: int) -> list[int]:
     return [n_layers // pp + (1 if s < n_layers % pp else 0) for s in range(pp)]
 
 
-def check_parallel(config: ModelConfig, world: int, tp: int = 1, pp: int = 1,
-                   strategy: str = "ddp") -> None:
-    """Raise :class:`BadInput`, one line naming the argument, unless the model splits over
-    ``world`` processes with ``tp``-way tensor and ``pp``-way pipeline parallelism: tp divides
-    the heads h and the kv heads; pp ≤ L, for a decoder-only or encoder-only model without
-    shared layers; tp·pp divides world. (Which combinations the engine runs is
-    :class:`attnlab.training.parallel.ParallelPlan`'s to say: PP alone, TP with FSDP.)"""
+def _check_degrees(world: int, tp: int, pp: int, strategy: str) -> None:
     for flag, value in (("--world", world), ("--tp", tp), ("--pp", pp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BadInput(f"{flag} {value}: must be a whole number >= 1")
-    if strategy not in ("ddp", "fsdp"):
-        raise BadInput(f"--parallel {strategy}: expected ddp or fsdp")
+    if strategy not in STRATEGIES:
+        raise BadInput(f"--parallel {strategy}: expected one of {', '.join(STRATEGIES)}")
+
+
+def check_layout(world: int, tp: int = 1, pp: int = 1, strategy: str = "ddp") -> None:
+    """Raise :class:`BadInput`, one line naming the argument, unless the degrees are whole
+    numbers ≥ 1, ``strategy`` is ddp or fsdp, and tp·pp divides ``world``."""
+    _check_degrees(world, tp, pp, strategy)
+    if world % (tp * pp):
+        raise BadInput(f"--world {world} (processes): not divisible by tp·pp = {tp}·{pp} = "
+                       f"{tp * pp}")
+
+
+def check_parallel(config: ModelConfig, world: int, tp: int = 1, pp: int = 1,
+                   strategy: str = "ddp") -> None:
+    """Raise :class:`BadInput`, one line naming the argument, unless the model splits over
+    ``world`` processes with ``tp``-way tensor and ``pp``-way pipeline parallelism: tp divides the heads h and the kv heads of every layer (a
+    pruned layer keeps fewer); pp ≤ L, for a decoder-only or encoder-only model without shared
+    layers; and tp·pp divides ``world``. (Which combinations the engine runs is
+    :class:`attnlab.training.parallel.ParallelPlan`'s to say: PP alone, TP with FSDP.)"""
+    _check_degrees(world, tp, pp, strategy)
     if config.n_heads % tp or config.kv_heads % tp:
         raise BadInput(f"--tp {tp}: must divide the model's {config.n_heads} attention heads "
                        f"and {config.kv_heads} kv heads (each rank holds h/N of them)")
+    for layer, removed in (config.pruned_heads or {}).items():
+        if (config.n_heads - len(removed)) % tp:
+            raise BadInput(f"--tp {tp}: must divide the {config.n_heads - len(removed)} heads "
+                           f"that pruning left in {layer}")
     if pp > 1 and config.arch not in PIPELINED:
         raise BadInput(f"--pp {pp}: only decoder-only and encoder-only language models are "
                        f"pipelined, not arch {config.arch!r}")
@@ -128,8 +150,7 @@ def check_parallel(config: ModelConfig, world: int, tp: int = 1, pp: int = 1,
     if pp > pipeline_layers(config):
         raise BadInput(f"--pp {pp}: more stages than the model's {pipeline_layers(config)} "
                        f"layers (each stage holds at least one)")
-    if world % (tp * pp):
-        raise BadInput(f"--world {world}: not divisible by tp·pp = {tp}·{pp} = {tp * pp}")
+    check_layout(world, tp, pp, strategy)
 
 
 def _local_numel(shape: tuple[int, ...], split: str, tp: int, shard: int) -> int:

@@ -88,11 +88,13 @@ def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> N
 def add_training_layout_args(p: argparse.ArgumentParser) -> None:
     """Every trainer's options for memory and for training beyond one device
     (:mod:`attnlab.training.parallel`; docs/scaling.md)."""
+    from attnlab.training.parallel import MODES, SCHEDULES, STRATEGIES
+
     g = p.add_argument_group("memory and parallelism (see docs/scaling.md)")
-    g.add_argument("--activation-checkpointing", choices=["none", "block", "sqrt"],
-                   default="none", help="recompute activations in backward: each block, or "
-                   "segments of about sqrt(N) blocks")
-    g.add_argument("--parallel", choices=["ddp", "fsdp"],
+    g.add_argument("--activation-checkpointing", choices=MODES, default="none",
+                   help="recompute activations in backward: each block, or segments of about "
+                   "sqrt(N) blocks")
+    g.add_argument("--parallel", choices=STRATEGIES,
                    help="under torchrun: replicate the model (ddp, the default with several "
                    "processes) or shard it (fsdp)")
     g.add_argument("--tp", type=int, default=1, metavar="N",
@@ -101,7 +103,8 @@ def add_training_layout_args(p: argparse.ArgumentParser) -> None:
                    help="pipeline parallelism: N stages of about layers/N layers")
     g.add_argument("--microbatches", type=int, metavar="B",
                    help="pipeline micro-batches per batch (default 2 x --pp)")
-    g.add_argument("--pp-schedule", choices=["gpipe", "1f1b"], default="gpipe")
+    g.add_argument("--pp-schedule", choices=tuple(SCHEDULES),
+                   help="pipeline schedule (default gpipe)")
 
 
 def training_layout(args: argparse.Namespace) -> dict[str, object]:

@@ -17,12 +17,17 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def launched() -> bool:
+    """Whether torchrun (or a launcher like it) started this process: it sets RANK,
+    WORLD_SIZE and the rendezvous address."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
 def init_from_env(always: bool = False) -> tuple[int, int]:
     """Start the process group when launched by torchrun (WORLD_SIZE > 1; with ``always``,
     also for one process: FSDP, TP and PP build their mesh even on one rank)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    launched = "RANK" in os.environ and "MASTER_ADDR" in os.environ
-    if (world > 1 or (always and launched)) and not is_distributed():
+    if (world > 1 or (always and launched())) and not is_distributed():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
         if backend == "nccl":

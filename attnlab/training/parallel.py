@@ -25,25 +25,22 @@ for the full weights that rank 0 writes into each checkpoint's model folder.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from attnlab import hardware
 from attnlab.errors import BadInput
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.relative import RelativePositionBias
-from attnlab.params import check_parallel
-
-STRATEGIES = ("ddp", "fsdp")
-CHECKPOINTING = ("none", "block", "sqrt")
-SCHEDULES = ("gpipe", "1f1b")
+from attnlab.params import STRATEGIES, check_layout, check_parallel
+from attnlab.training import distributed
+from attnlab.training.pipeline import SCHEDULES, Pipeline
+from attnlab.training.recompute import MODES, apply_checkpointing, layer_stacks
 
 
 @dataclass(frozen=True)
@@ -64,19 +61,13 @@ class ParallelPlan:
     checkpointing: str = "none"
 
     def __post_init__(self) -> None:
-        for name, value, allowed in (("--parallel", self.strategy, STRATEGIES),
-                                     ("--activation-checkpointing", self.checkpointing,
-                                      CHECKPOINTING),
-                                     ("--pp-schedule", self.schedule, SCHEDULES)):
+        check_layout(self.world, self.tp, self.pp, self.strategy)
+        for name, value, allowed in (("--activation-checkpointing", self.checkpointing, MODES),
+                                     ("--pp-schedule", self.schedule, tuple(SCHEDULES))):
             if value not in allowed:
                 raise BadInput(f"{name} {value!r}: expected one of {', '.join(allowed)}")
-        for name, value in (("--tp", self.tp), ("--pp", self.pp),
-                            ("--microbatches", self.microbatches)):
-            if value < 1:
-                raise BadInput(f"{name} must be >= 1, got {value}")
-        if self.world % (self.tp * self.pp):
-            raise BadInput(f"--tp {self.tp} x --pp {self.pp} does not divide the {self.world} "
-                           "processes torchrun started")
+        if self.microbatches < 1:
+            raise BadInput(f"--microbatches {self.microbatches}: must be a whole number >= 1")
         if self.tp > 1 and self.dp > 1 and self.strategy != "fsdp":
             raise BadInput(f"--tp {self.tp} on {self.world} processes leaves {self.dp} "
                            "data-parallel ranks: shard them with --parallel fsdp (a 2-D mesh)")
@@ -105,19 +96,28 @@ class ParallelPlan:
 
 
 def from_environment(strategy: str | None = None, tp: int = 1, pp: int = 1,
-                     microbatches: int | None = None, schedule: str = "gpipe",
-                     checkpointing: str = "none") -> ParallelPlan:
+                     microbatches: int | None = None, schedule: str | None = None,
+                     checkpointing: str = "none", precision: str = "fp32",
+                     compile: bool = False) -> ParallelPlan:
     """The plan for this process: ``strategy`` None means DDP when torchrun started several
-    processes. A parallel flag outside torchrun is refused (it would silently train alone)."""
-    launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
-    if not launched and (strategy is not None or tp > 1 or pp > 1):
+    processes. Refused, each in one line: a parallel flag outside torchrun (the run would
+    silently train alone), pipeline options without ``--pp``, and a pipeline with fp16 (its
+    loss scaling would have to span the stages) or ``--compile``."""
+    if not distributed.launched() and (strategy is not None or tp > 1 or pp > 1):
         flag = f"--parallel {strategy}" if strategy else ("--tp" if tp > 1 else "--pp")
         raise BadInput(f"{flag} needs several processes: launch with torchrun "
                        "(e.g. torchrun --standalone --nproc-per-node 2 -m attnlab.cli train ...)")
-    world = int(os.environ.get("WORLD_SIZE", "1")) if launched else 1
+    if pp == 1:
+        for flag, value in (("--microbatches", microbatches), ("--pp-schedule", schedule)):
+            if value is not None:
+                raise BadInput(f"{flag} needs --pp N (a pipeline of N stages)")
+    elif precision == "fp16" or compile:
+        raise BadInput(f"--pp runs in fp32 or bf16, without --compile (got --precision "
+                       f"{precision}{' --compile' if compile else ''})")
+    world = int(os.environ["WORLD_SIZE"]) if distributed.launched() else 1
     return ParallelPlan(world, strategy or "ddp", tp, pp,
                         microbatches if microbatches is not None else max(1, 2 * pp),
-                        schedule, checkpointing)
+                        schedule or "gpipe", checkpointing)
 
 
 # --- the mesh --------------------------------------------------------------------------------
@@ -165,14 +165,10 @@ def place(model: nn.Module, task, plan: ParallelPlan, device: torch.device,
     """Apply ``plan`` to ``model`` in place, in the order the engine needs: activation
     checkpointing, then either the pipeline split, or tensor parallelism and then FSDP over
     the data-parallel ranks (a 2-D mesh with both); under plain data parallelism, DDP."""
-    from attnlab.training import distributed
-
     layout = Layout(plan, device)
     autocast = "fp32" if plan.strategy == "fsdp" else precision
     apply_checkpointing(model, plan.checkpointing)
     if plan.pp > 1:
-        from attnlab.training.pipeline import Pipeline
-
         pipeline = Pipeline(model, task, layout.pp_rank, plan.pp, layout.pp_group,
                             plan.microbatches, plan.schedule, device)
         return Placed(layout, pipeline.module, pipeline.module, pipeline, autocast)
@@ -185,9 +181,9 @@ def place(model: nn.Module, task, plan: ParallelPlan, device: torch.device,
 
 
 def grad_scaler(plan: ParallelPlan, device: torch.device, precision: str):
-    """fp16's loss scaler (None otherwise); under FSDP torch's sharded one, whose inf check
-    spans the ranks."""
-    if precision != "fp16" or plan.strategy != "fsdp":
+    """fp16's loss scaler (None otherwise); with FSDP or TP torch's sharded one, whose inf
+    check spans the ranks (a rank whose shard overflowed must not step alone)."""
+    if precision != "fp16" or not plan.sharded:
         return hardware.grad_scaler(device, precision)
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -245,77 +241,6 @@ def fused_state(state: dict[str, Tensor], config) -> dict[str, Tensor]:
     return out
 
 
-# --- activation checkpointing ----------------------------------------------------------------
-def _stacks(model: nn.Module) -> list[nn.ModuleList]:
-    """Every stack's list of layers (the encoder's, the decoder's, a GPT's blocks)."""
-    return [m.layers for m in model.modules()
-            if isinstance(getattr(m, "layers", None), nn.ModuleList)]
-
-
-def apply_checkpointing(model: nn.Module, mode: str) -> None:
-    """Recompute activations in backward instead of keeping them (non-reentrant
-    ``torch.utils.checkpoint``), per ``mode``:
-
-    * ``block``: each layer keeps only its input; memory ≈ N·(input) + one layer's inside.
-    * ``sqrt``: segments of ⌈√N⌉ consecutive layers are one checkpoint each, keeping ≈ √N
-      inputs and one segment's inside: the course's memory / √N scheme.
-
-    The layers' ``forward`` is wrapped on the instance; names, weights and state dicts are
-    untouched. Gradients equal those without checkpointing (the same ops run again)."""
-    if mode == "none":
-        return
-    for layers in _stacks(model):
-        unique = list(dict.fromkeys(layers))  # ALBERT: one layer object N times
-        if mode == "block" or len(unique) < len(layers):
-            for layer in unique:
-                _checkpoint_layer(layer)
-            continue
-        size = math.ceil(math.sqrt(len(layers)))
-        for start in range(0, len(layers), size):
-            _Segment(list(layers[start:start + size]))
-
-
-def _checkpoint_layer(layer: nn.Module) -> None:
-    inner = layer.forward
-
-    def forward(*args, **kwargs):
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
-
-    layer.forward = forward
-
-
-class _Segment:
-    """Layers ``[a, b)`` of a stack run as one checkpoint. The stack still calls each layer
-    with ``(x, *same arguments)``: the first runs the whole segment under ``checkpoint``, the
-    others pass ``x`` through, except while the segment itself runs them."""
-
-    def __init__(self, layers: list[nn.Module]):
-        self.layers, self.running = layers, False
-        self.inner = [layer.forward for layer in layers]
-        layers[0].forward = self.first
-        for i, layer in enumerate(layers[1:], start=1):
-            layer.forward = self.later(i)
-
-    def run(self, x: Tensor, *args) -> Tensor:
-        self.running = True
-        try:
-            for layer in self.layers:
-                x = layer(x, *args)
-        finally:
-            self.running = False
-        return x
-
-    def first(self, x: Tensor, *args) -> Tensor:
-        if self.running:
-            return self.inner[0](x, *args)
-        return checkpoint(self.run, x, *args, use_reentrant=False)
-
-    def later(self, i: int):
-        def forward(x: Tensor, *args) -> Tensor:
-            return self.inner[i](x, *args) if self.running else x
-        return forward
-
-
 # --- FSDP2 -----------------------------------------------------------------------------------
 def apply_fsdp(model: nn.Module, layout: Layout, precision: str) -> None:
     """``fully_shard`` each layer, then the root, over the data-parallel mesh (with ``--tp``,
@@ -329,7 +254,7 @@ def apply_fsdp(model: nn.Module, layout: Layout, precision: str) -> None:
                                                                   "fp16": "float16"}[precision]),
                                       reduce_dtype=torch.float32)
     mesh = layout.submesh("dp")
-    for layers in _stacks(model):
+    for layers in layer_stacks(model):
         for layer in dict.fromkeys(layers):
             fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -380,6 +305,6 @@ def _group_device(group) -> torch.device:
         if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
-__all__ = ["ParallelPlan", "Layout", "Placed", "place", "grad_scaler", "from_environment",
-           "apply_tensor_parallel", "apply_checkpointing", "apply_fsdp", "clip_grad_norm",
-           "grad_norm", "fused_state"]
+__all__ = ["STRATEGIES", "SCHEDULES", "MODES", "ParallelPlan", "Layout", "Placed", "place",
+           "grad_scaler", "from_environment", "apply_tensor_parallel", "apply_checkpointing",
+           "apply_fsdp", "clip_grad_norm", "grad_norm", "fused_state"]

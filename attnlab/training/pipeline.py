@@ -43,7 +43,7 @@ from attnlab.data.stream import to_device
 from attnlab.errors import BadInput
 from attnlab.models.bert import BERT
 from attnlab.models.gpt import GPT
-from attnlab.params import pipeline_layers, stage_sizes
+from attnlab.params import check_parallel, pipeline_layers, stage_sizes
 from attnlab.training.loss import label_smoothed_loss
 from attnlab.training.tasks import CausalLM, MaskedLM
 
@@ -119,11 +119,9 @@ class Pipeline:
     def __init__(self, model: nn.Module, task, rank: int, size: int,
                  group: dist.ProcessGroup | None, microbatches: int, schedule: str = "gpipe",
                  device: torch.device = CPU):
+        check_parallel(model.config, size, pp=size)  # the rules info --parallel applies too
         _check_supported(model, task)
         n_layers = pipeline_layers(model.config)
-        if size > n_layers:
-            raise BadInput(f"--pp {size}: more stages than the model's {n_layers} layers "
-                           f"(each stage holds at least one)")
         if schedule not in SCHEDULES:
             raise BadInput(f"pipeline schedule {schedule!r}: expected one of "
                            f"{', '.join(SCHEDULES)}")
@@ -324,9 +322,6 @@ def _check_supported(model: nn.Module, task) -> None:
         if model.config.head == "pretraining":
             raise BadInput("pipeline parallelism (--pp) does not support next-sentence "
                            "prediction (--nsp): train masked LM alone, or without --pp")
-        if model.config.share_layers:
-            raise BadInput("pipeline parallelism (--pp) cannot split a model whose layers "
-                           "share one set of weights (share_layers, ALBERT)")
         if model.config.head == "mlm":
             return
     raise BadInput(

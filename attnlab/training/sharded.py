@@ -29,7 +29,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from attnlab.build import build_model
+from attnlab.errors import BadInput, WriteFailed
 from attnlab.storage import CheckpointError
+from attnlab.training.parallel import fused_state
 
 SHARDED = "sharded"
 
@@ -66,6 +69,11 @@ def _reader(path: Path):
             except Exception as e:
                 raise CheckpointError(f"{metadata_path}: not a checkpoint's metadata ({e})") \
                     from None
+            for info in (getattr(metadata, "storage_data", None) or {}).values():
+                name = str(getattr(info, "relative_path", ""))
+                if not name or Path(name).name != name or name in (".", ".."):
+                    raise CheckpointError(f"{metadata_path}: names a file outside its folder "
+                                          f"({name!r})")
             if getattr(metadata, "storage_meta", None) is None:
                 from torch.distributed.checkpoint.metadata import StorageMeta
                 metadata.storage_meta = StorageMeta()
@@ -136,16 +144,56 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: torch.nn.Module,
     _barrier()
     save_sharded(tmp, model, optimizer)
     _barrier()  # every rank's part is on disk
-    saved = None
+    saved, failed = None, [None]
     if rank0:
-        saved = write(plain, {SHARDED: lambda path: os.replace(tmp, path)})
-    _barrier()  # no rank reads or moves on before the checkpoint is in place
+        try:
+            saved = write(plain, {SHARDED: lambda path: os.replace(tmp, path)})
+        except WriteFailed as e:
+            failed[0] = str(e)
+    if dist.is_initialized():  # rank 0 says how it went: no rank moves on before, or waits
+        dist.broadcast_object_list(failed, src=0)
+    if failed[0] is not None:
+        raise WriteFailed(failed[0])
     return saved
 
 
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def resumable(folder: Path, state: dict, sharded: bool, layout: dict) -> bool:
+    """Whether checkpoint ``folder`` (its trainer ``state``) resumes from its shards: True for
+    a sharded checkpoint and run, False for a one-process or DDP pair. Refused, in one line:
+    a sharded checkpoint for an unsharded run and the reverse; another ``pp`` (a weight tied
+    across stages is named by the stage layout); a fused QKV split by ``--tp`` in one run and
+    not the other (the shards are named by the layout's projections)."""
+    has_shards = (folder / SHARDED).is_dir()
+    if sharded != has_shards:
+        kind, flags = ("a sharded", "with") if has_shards else ("a one-process or DDP",
+                                                                "without")
+        raise BadInput(f"{folder} was written by {kind} run: resume it {flags} --parallel "
+                       "fsdp, --tp or --pp")
+    if not sharded:
+        return False
+    if state.get("pp", 1) != layout["pp"]:
+        raise BadInput(f"{folder} was written with --pp {state.get('pp', 1)}: resume it with "
+                       f"--pp {state.get('pp', 1)}")
+    if bool(state.get("qkv_split")) != layout["qkv_split"]:
+        raise BadInput(f"{folder} was saved " + (
+            "with --tp (its fused QKV matrices split by heads): resume with --tp >= 2"
+            if state.get("qkv_split") else "without --tp: resume without it"))
+    return True
+
+
+def plain_model(full: dict[str, torch.Tensor], config, qkv_split: bool = False
+                ) -> torch.nn.Module:
+    """A plain model (on the CPU: one device may not hold it) of the gathered weights
+    ``full``; ``qkv_split``: tensor parallelism had split its fused QKV matrices, which are
+    put back together (:func:`attnlab.training.parallel.fused_state`)."""
+    model = build_model(config)
+    model.load_state_dict(fused_state(full, config) if qkv_split else full)
+    return model
 
 
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -158,4 +206,5 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                                                                 cpu_offload=True))
 
 
-__all__ = ["SHARDED", "save_checkpoint", "save_sharded", "load_sharded", "full_model_state"]
+__all__ = ["SHARDED", "resumable", "plain_model", "save_checkpoint", "save_sharded",
+           "load_sharded", "full_model_state"]

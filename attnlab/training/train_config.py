@@ -54,13 +54,14 @@ class TrainConfig:
     tp: int = 1
     pp: int = 1
     microbatches: int | None = None  # pipeline micro-batches (default 2 x pp)
-    pp_schedule: str = "gpipe"
+    pp_schedule: str | None = None  # gpipe (the default) or 1f1b
     activation_checkpointing: str = "none"  # none, block or sqrt
 
     def plan(self) -> parallel.ParallelPlan:
         """The layout these fields ask for, in the processes torchrun started."""
         return parallel.from_environment(self.parallel, self.tp, self.pp, self.microbatches,
-                                         self.pp_schedule, self.activation_checkpointing)
+                                         self.pp_schedule, self.activation_checkpointing,
+                                         self.precision, self.compile)
 
     @property
     def parallel_asked(self) -> bool:

@@ -32,7 +32,6 @@ import torch
 from torch import nn
 
 from attnlab import hardware
-from attnlab.build import build_model
 from attnlab.data.stream import to_device
 from attnlab.errors import AttnlabError, BadInput, Stopped, WriteFailed
 from attnlab.storage import list_checkpoints, load_weights, remove_temporaries, save_model_dir
@@ -128,8 +127,8 @@ class Trainer:
         """What ``trainer_state.pt`` holds. A sharded run keeps the optimizer in DCP's shards
         (:mod:`attnlab.training.sharded`) instead, and notes whether tensor parallelism had
         split fused QKV matrices (the shards' names say so)."""
-        optimizer = ({"qkv_split": self.qkv_split} if self.plan.sharded
-                     else {"optimizer": self.optimizer.state_dict()})
+        optimizer = ({"qkv_split": self.qkv_split, "pp": self.plan.pp} if self.plan.sharded
+                     else {"optimizer": self.optimizer.state_dict()})  # (sharded.resumable)
         return {
             "step": self.step,
             **optimizer,
@@ -176,13 +175,8 @@ class Trainer:
         on the others); every rank must call it (the weights are gathered collectively)."""
         full = (self.pipeline.full_state_dict() if self.pipeline is not None
                 else sharded.full_model_state(self.model))
-        if not self.is_main:
-            return None
-        if self.qkv_split:
-            full = parallel.fused_state(full, self.model_config)
-        plain = build_model(self.model_config).to(self.device)
-        plain.load_state_dict(full)
-        return plain
+        return sharded.plain_model(full, self.model_config, self.qkv_split) \
+            if self.is_main else None
 
     def full_model(self) -> nn.Module:
         """The trained model, whole, on every rank: the model itself, or under a sharded plan
@@ -191,12 +185,11 @@ class Trainer:
         if not self.plan.sharded:
             return self.model
         plain = self._plain_on_main()
-        state = [plain.state_dict() if plain is not None else None]
+        state = [plain.state_dict() if plain is not None else None]  # CPU tensors
         distributed.broadcast_from_main(state)
         if plain is None:
-            plain = build_model(self.model_config).to(self.device)
-            plain.load_state_dict(state[0])
-        return plain
+            plain = sharded.plain_model(state[0], self.model_config)
+        return plain.to(self.device)
 
     def _keep_best(self) -> None:
         """This model into ``out_dir/best`` (rank 0 writes; every rank calls it)."""
@@ -212,19 +205,9 @@ class Trainer:
         if not found:
             return False
         state = load_trainer_state(found[-1])
-        shards = found[-1] / sharded.SHARDED
-        if self.plan.sharded != shards.is_dir():
-            kind, flags = ("a sharded", "with") if shards.is_dir() else ("a one-process or DDP",
-                                                                       "without")
-            raise BadInput(f"{found[-1]} was written by {kind} run: resume it {flags} "
-                           "--parallel fsdp, --tp or --pp")
-        if self.plan.sharded:
-            if bool(state.get("qkv_split")) != self.qkv_split:
-                raise BadInput(f"{found[-1]}: tensor parallelism split this model's fused QKV "
-                               "matrices " + ("in" if state.get("qkv_split") else "after") +
-                               " that run: resume with --tp > 1 " +
-                               ("as well" if state.get("qkv_split") else "only if it had it"))
-            sharded.load_sharded(shards, self.trained, self.optimizer)
+        layout = {"pp": self.plan.pp, "qkv_split": self.qkv_split}
+        if sharded.resumable(found[-1], state, self.plan.sharded, layout):
+            sharded.load_sharded(found[-1] / sharded.SHARDED, self.trained, self.optimizer)
         else:
             load_weights(self.model, found[-1])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -258,9 +241,13 @@ class Trainer:
             group["lr"] = lr
         loss_sum = nll_sum = 0.0
         src_tokens = 0
-        for batch in micro:
+        for i, batch in enumerate(micro):
+            if self.plan.strategy == "fsdp" and self.pipeline is None and len(micro) > 1:
+                # reduce-scatter the gradients once, after the last micro-batch
+                self.trained.set_requires_gradient_sync(i == len(micro) - 1)
             if self.pipeline is not None:
-                loss, nll = self.pipeline.step(batch, scale)
+                with hardware.autocast(self.device, self.autocast):
+                    loss, nll = self.pipeline.step(batch, scale)
             else:
                 with hardware.autocast(self.device, self.autocast):
                     sums = self.task.loss(self.train_model, batch)
@@ -336,9 +323,12 @@ class Trainer:
         """One validation pass, said on rank 0 with the best loss so far, above the progress
         bar (a plain line when the bar is off). Returns ``val_loss`` (for
         :meth:`_track_best`) and, for a task that classifies, ``val_accuracy``."""
-        found = {"val_loss": self.pipeline.evaluate(self.val_batches) if self.pipeline
-                 else evaluate(self.model, self.task, self.val_batches, self.device,
-                               self.autocast)}
+        if self.pipeline is not None:
+            with hardware.autocast(self.device, self.autocast):
+                found = {"val_loss": self.pipeline.evaluate(self.val_batches)}
+        else:
+            found = {"val_loss": evaluate(self.model, self.task, self.val_batches, self.device,
+                                          self.autocast)}
         line = (f"step {self.step}: val loss {found['val_loss']:.4f} "
                 f"(best {min(found['val_loss'], self.best_val):.4f})")
         if self.classifies:

@@ -156,7 +156,10 @@ def test_the_split_of_each_parameter_by_name():
     assert splits["decoder.layers.5.cross_attn.k_proj.weight"] == "column"
     assert splits["decoder.layers.5.cross_attn.out_proj.weight"] == "row"
     assert splits["encoder.layers.0.ffn.w2.weight"] == "row"
-    assert splits["positional.embedding.weight"] == "replicated"  # relative bias per head
+    # T5's relative-bias table (buckets, heads): each rank keeps its heads' columns, as
+    # apply_tensor_parallel splits it
+    assert splits["positional.embedding.weight"] == "row"
+    assert splits["tgt_positional.embedding.weight"] == "row"
     assert splits["encoder.norm.weight"] == "replicated"
     assert {tp_split("blocks.layers.0.self_attn.out_proj.bias"),
             tp_split("blocks.layers.0.ffn.w2.bias"),

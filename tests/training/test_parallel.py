@@ -341,7 +341,8 @@ TORCHRUN_ENV = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR"
     (["--pp", "2"], TORCHRUN_ENV, "--pp 2: only decoder-only and encoder-only language models "
                                   "are pipelined"),
     (["--parallel", "fsdp"], {}, "--parallel fsdp needs several processes: launch with torchrun"),
-    (["--tp", "3"], {**TORCHRUN_ENV, "WORLD_SIZE": "4"}, "--tp 3 x --pp 1 does not divide the 4"),
+    (["--tp", "3"], {**TORCHRUN_ENV, "WORLD_SIZE": "4"},
+     "--world 4 (processes): not divisible by tp·pp = 3·1 = 3"),
 ])
 def test_bad_parallel_flags_are_one_line_and_exit_2(flags, env, message, tmp_path):
     r = _cli(*TRAIN, "--steps", "1", "--out", str(tmp_path / "run"), *flags, env=env,
