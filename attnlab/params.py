@@ -129,10 +129,11 @@ def check_layout(world: int, tp: int = 1, pp: int = 1, strategy: str = "ddp") ->
 def check_parallel(config: ModelConfig, world: int, tp: int = 1, pp: int = 1,
                    strategy: str = "ddp") -> None:
     """Raise :class:`BadInput`, one line naming the argument, unless the model splits over
-    ``world`` processes with ``tp``-way tensor and ``pp``-way pipeline parallelism: tp divides the heads h and the kv heads of every layer (a
-    pruned layer keeps fewer); pp ≤ L, for a decoder-only or encoder-only model without shared
-    layers; and tp·pp divides ``world``. (Which combinations the engine runs is
-    :class:`attnlab.training.parallel.ParallelPlan`'s to say: PP alone, TP with FSDP.)"""
+    ``world`` processes with ``tp``-way tensor and ``pp``-way pipeline parallelism: tp divides
+    the heads h and the kv heads of every layer (a pruned layer keeps fewer); pp ≤ L, for a
+    decoder-only or encoder-only model without shared layers; and tp·pp divides ``world``.
+    (Which combinations the engine runs is :class:`attnlab.training.parallel.ParallelPlan`'s
+    to say: PP alone, TP with FSDP.)"""
     _check_degrees(world, tp, pp, strategy)
     if config.n_heads % tp or config.kv_heads % tp:
         raise BadInput(f"--tp {tp}: must divide the model's {config.n_heads} attention heads "

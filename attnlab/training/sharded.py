@@ -117,10 +117,12 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    reader = _reader(folder)
+    reader.read_metadata()  # a damaged or hostile file fails here, in one line
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     try:
-        dcp.load(state, storage_reader=_reader(folder), planner=_planner())
+        dcp.load(state, storage_reader=reader, planner=_planner())
     except CheckpointError:
         raise
     except Exception as e:  # a missing key, a wrong shape: another model's checkpoint
