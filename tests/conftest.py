@@ -1,7 +1,27 @@
 """Shared fixtures: deterministic seeds, and float32 comparisons at 1e-5 unless said."""
 
+import os
+
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "multiprocess: starts several processes (torchrun or "
+                            "spawned gloo ranks); skipped where ATTNLAB_SKIP_MULTIPROCESS=1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The AVX2-emulated pass of CI (make test-avx2) sets ATTNLAB_SKIP_MULTIPROCESS=1: what
+    several processes check (their communication and sharding) does not depend on the CPU's
+    instruction set, and the native pass has run it."""
+    if os.environ.get("ATTNLAB_SKIP_MULTIPROCESS") != "1":
+        return
+    skip = pytest.mark.skip(reason="multi-process test: ISA-independent, run in the native pass "
+                            "(ATTNLAB_SKIP_MULTIPROCESS=1)")
+    for item in items:
+        if "multiprocess" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,8 @@ from attnlab.config import ModelConfig
 from attnlab.training import parallel
 from tests.training.ranks import run_ranks
 
+multiprocess = pytest.mark.multiprocess
+
 TINY = dict(d_model=32, n_heads=4, d_ff=64, vocab_size=50, max_len=32, dropout=0.0,
             attention_dropout=0.0, activation_dropout=0.0)
 FAMILIES = {
@@ -99,6 +101,7 @@ def _tensor_parallel_worker(rank: int, world: int) -> dict:
     return found
 
 
+@multiprocess
 def test_tensor_parallel_forward_and_backward_equal_the_unsharded_model(tmp_path):
     ranks = run_ranks(_tensor_parallel_worker, 2, tmp_path)
     for rank, found in enumerate(ranks):
@@ -276,6 +279,7 @@ def fsdp_two_ranks(tmp_path_factory):
     return out, stopped
 
 
+@multiprocess
 def test_fsdp_training_equals_one_process(one_process, fsdp_two_ranks):
     run, _ = fsdp_two_ranks
     assert _max_diff(_weights(run, 6), _weights(one_process, 6)) <= 1e-5
@@ -288,6 +292,7 @@ def test_fsdp_training_equals_one_process(one_process, fsdp_two_ranks):
     assert not list((run / "checkpoints").glob(".tmp-*"))
 
 
+@multiprocess
 def test_sharded_checkpoint_resumes_on_two_ranks_bitwise(fsdp_two_ranks, tmp_path):
     run, _ = fsdp_two_ranks
     straight = tmp_path / "straight"
@@ -298,6 +303,7 @@ def test_sharded_checkpoint_resumes_on_two_ranks_bitwise(fsdp_two_ranks, tmp_pat
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@multiprocess
 def test_sharded_checkpoint_resumes_on_one_rank(fsdp_two_ranks):
     run, stopped = fsdp_two_ranks
     r = _cli(*FSDP, "--steps", "6", "--save-every", "3", "--out", str(stopped), "--resume",
@@ -317,6 +323,7 @@ def test_sharded_checkpoint_resumes_on_one_rank(fsdp_two_ranks):
     assert all(torch.allclose(averaged[k], (a[k] + b[k]) / 2, atol=1e-7) for k in a)
 
 
+@multiprocess
 def test_one_rank_checkpoint_resumes_on_two_ranks(fsdp_two_ranks, tmp_path):
     run, _ = fsdp_two_ranks
     common = [*FSDP, "--steps", "6", "--save-every", "3", "--out", str(tmp_path)]
@@ -328,6 +335,7 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(fsdp_two_ranks, tmp_path):
     assert max(abs(got[s] - ref[s]) for s in range(1, 7)) <= 1e-5
 
 
+@multiprocess
 def test_tensor_parallel_training_stops_and_resumes_as_one_process(one_process, tmp_path):
     """--tp 2 alone (sharded matrices beside replicated norms and embeddings, one optimizer
     over both), stopped after step 3 and resumed: each step's loss, and the weights, as one
@@ -343,6 +351,7 @@ def test_tensor_parallel_training_stops_and_resumes_as_one_process(one_process, 
     assert _max_diff(_weights(tmp_path, 6), _weights(one_process, 6)) <= 1e-4
 
 
+@multiprocess
 def test_fsdp_with_tensor_parallel_on_four_processes_equals_one_process(one_process, tmp_path):
     out = tmp_path / "2d"
     evaluated = [a for a in TRAIN if a != "--no-evaluate"]  # and translate after training
@@ -355,6 +364,7 @@ def test_fsdp_with_tensor_parallel_on_four_processes_equals_one_process(one_proc
     assert max(abs(got[s] - ref[s]) for s in ref) <= 1e-5
 
 
+@multiprocess
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_fsdp_half_precision_with_accumulation_follows_the_unsharded_loss_curve(precision,
                                                                               tmp_path):
@@ -374,6 +384,7 @@ def test_fsdp_half_precision_with_accumulation_follows_the_unsharded_loss_curve(
     assert ref[6] < ref[1] - 0.3  # both learn: the curve is not flat
 
 
+@multiprocess
 def test_fsdp_early_stopping_keeps_the_gathered_best_model(tmp_path):
     """A ViT on the digits with early stopping: best/ (written during training) and the
     test scores (of best/, after training) are those of one process."""
@@ -433,6 +444,7 @@ def _lm(text: Path) -> list[str]:
             "--save-every", "3", "--eval-every", "3", "--no-progress", "--precision", "fp32"]
 
 
+@multiprocess
 @pytest.mark.parametrize("schedule, precision, accumulate, tolerance", [
     ("gpipe", "fp32", "1", 1e-5), ("1f1b", "fp32", "2", 1e-5), ("gpipe", "bf16", "1", 0.02)])
 def test_pipeline_training_equals_one_process(text, schedule, precision, accumulate, tolerance,

@@ -131,6 +131,7 @@ def _reference(case: str) -> tuple[list[tuple[float, float]], dict, dict]:
     return sums, grads, model.state_dict()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("case", "schedule"), RUNS)
 def test_loss_matches_one_process(runs, case, schedule):
     first, last = runs[case, schedule]
@@ -140,6 +141,7 @@ def test_loss_matches_one_process(runs, case, schedule):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), **TOL)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("case", "schedule"), RUNS)
 def test_gradients_match_one_process(runs, case, schedule):
     """Every parameter's gradient (two steps accumulated) on the stage that holds it; the
@@ -159,6 +161,7 @@ def test_gradients_match_one_process(runs, case, schedule):
                 torch.testing.assert_close(grad, expected[name], **TOL, msg=name)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("case", "schedule"), [r for r in RUNS if r[0] in TIED])
 def test_sync_tied_sums_the_two_uses(runs, case, schedule):
     """Before sync_tied each end holds its own use's gradient; after, both hold their sum,
@@ -174,6 +177,7 @@ def test_sync_tied_sums_the_two_uses(runs, case, schedule):
     assert embed in first["norm"] and head not in last["norm"]
 
 
+@pytest.mark.multiprocess
 def test_untied_head_is_the_last_stages_alone(runs):
     first, last = runs["llama", "gpipe"]
     assert "lm_head.weight" in last["norm"] and "embed.weight" in first["norm"]
@@ -182,6 +186,7 @@ def test_untied_head_is_the_last_stages_alone(runs):
             assert torch.equal(stage["synced"][name], stage["grads"][name])
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("case", CASES)
 def test_full_state_dict_is_the_unsplit_models(runs, case):
     first, last = runs[case, "gpipe"]

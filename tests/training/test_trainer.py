@@ -71,6 +71,7 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(tmp_path):
     assert r.returncode == 0 and "resumed from step 4" in r.stdout
 
 
+@pytest.mark.multiprocess
 def test_ddp_two_processes_equal_one_process(tmp_path):
     # No biases: a key-projection bias has an exactly zero gradient (it adds the same q·b_k to
     # every score of a query, which softmax ignores), so Adam would turn float rounding noise
