@@ -93,7 +93,7 @@ def checkpointing(sizes: dict, steps: int) -> None:
     n = config.n_decoder_layers
     batch = _batch(config, rows, length)
     models, peaks = {}, {}
-    for mode in parallel.CHECKPOINTING:
+    for mode in parallel.MODES:
         models[mode] = model = _model(config)
         parallel.apply_checkpointing(model, mode)
         tracker = MemTracker()
@@ -196,7 +196,8 @@ def _memory(rank: int, world: int, knobs: dict, rows: int, length: int, strategy
     on its ``rows / world`` rows of the batch."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.nn.parallel import DistributedDataParallel
+
+    from attnlab.training import distributed
 
     config = _config(knobs)
     batch = _batch(config, rows, length)
@@ -207,7 +208,7 @@ def _memory(rank: int, world: int, knobs: dict, rows: int, length: int, strategy
                                  torch.device("cpu"))
         parallel.apply_fsdp(model, layout, "fp32")
     elif world > 1:
-        model = DistributedDataParallel(model)
+        model = distributed.wrap(model)  # attnlab's DDP, as the trainer wraps it
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if strategy == "fsdp":
         tracker = FSDPMemTracker(model, opt)
@@ -255,11 +256,11 @@ def data_parallel(sizes: dict) -> None:
           "parameters, sharded gradients and optimizer state) after one AdamW step; course: "
           "attnlab.params.parallel_memory (4 + 4 + 8 bytes per parameter held). The peak adds "
           "the step's activations and temporaries, and, for FSDP, the all-gathered layers. "
-          "Other held: what else stays allocated after the step; under DDP (the default "
-          "gradient_as_bucket_view=False) it is the reducer's flat gradient buckets, which "
-          "the tracker sees as backward temporaries: a second copy of the gradients (attnlab's "
-          "trainer wraps DDP so too; gradient_as_bucket_view=True would make the gradients "
-          "views into the buckets).\n")
+          "Other held: what else stays allocated after the step. Under DDP it is the "
+          "reducer's flat gradient buckets: attnlab wraps DDP with gradient_as_bucket_view=True, "
+          "so the gradients are views into those buckets, which the tracker counts there and "
+          "not as gradients; parameters + buckets + AdamW state = 16·M, one copy of the "
+          "gradients (DDP's default keeps a second: 20·M, 36.7 MiB more per rank here).\n")
 
 
 # --- 3. pipeline bubble ------------------------------------------------------------------------

@@ -46,7 +46,10 @@ def wrap(model: nn.Module) -> nn.Module:
         return model
     device = next(model.parameters()).device
     ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    # gradients as views into DDP's all-reduce buckets: one copy of them, not two (16·M bytes
+    # per rank with Adam, as the course counts, instead of 20·M; benchmarks/parallel.py)
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids,
+                                               gradient_as_bucket_view=True)
 
 
 def all_reduce_sum(value: float | int, group=None) -> float | int:

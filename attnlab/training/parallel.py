@@ -11,12 +11,13 @@ other exchange the most):
   projections are split column-wise and the output projection row-wise, so a rank computes
   h / N heads and one all-reduce joins them; the FFN's W₁ (and W₃) column-wise, W₂ row-wise.
   Embeddings, head and norms are replicated.
-* **pipeline parallel** (``--pp N``): ⌈L / N⌉ layers per stage, micro-batches through a GPipe
-  or 1F1B schedule (:mod:`attnlab.training.pipeline`); a bubble leaves the efficiency at
-  B / (B + N − 1) for B micro-batches.
-* **activation checkpointing**: a checkpointed block keeps only its input and recomputes its
-  inside during backward (memory ÷ a constant, time × (1 + α), α ≈ 0.2–0.3); segments of about
-  √N blocks keep √N inputs and one segment's inside: memory ∝ √N instead of N.
+* **pipeline parallel** (``--pp N``): at most ⌈L / N⌉ layers per stage, micro-batches
+  through a GPipe or 1F1B schedule (:mod:`attnlab.training.pipeline`); a bubble leaves the
+  efficiency at B / (B + N − 1) for B micro-batches.
+* **activation checkpointing** (:mod:`attnlab.training.recompute`), applied first: a
+  checkpointed block keeps only its input and recomputes its inside during backward (memory
+  ÷ a constant, time × (1 + α), α ≈ 0.2–0.3); segments of about √N blocks keep √N inputs and
+  one segment's inside: memory ∝ √N instead of N.
 
 The trainer asks this module for the data-parallel group (data is split and tokens are summed
 over it, not over the whole world), for the gradient norm (over every shard and stage), and
