@@ -138,6 +138,9 @@ def check_parallel(config: ModelConfig, world: int, tp: int = 1, pp: int = 1,
     if config.n_heads % tp or config.kv_heads % tp:
         raise BadInput(f"--tp {tp}: must divide the model's {config.n_heads} attention heads "
                        f"and {config.kv_heads} kv heads (each rank holds h/N of them)")
+    if tp > 1 and config.pruned_heads and config.positional == "relative":
+        raise BadInput(f"--tp {tp}: T5's relative-bias table is split by the original heads, "
+                       "which a pruned model no longer has in every layer")
     for layer, removed in (config.pruned_heads or {}).items():
         if (config.n_heads - len(removed)) % tp:
             raise BadInput(f"--tp {tp}: must divide the {config.n_heads - len(removed)} heads "

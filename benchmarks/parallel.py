@@ -260,7 +260,7 @@ def data_parallel(sizes: dict) -> None:
           "reducer's flat gradient buckets: attnlab wraps DDP with gradient_as_bucket_view=True, "
           "so the gradients are views into those buckets, which the tracker counts there and "
           "not as gradients; parameters + buckets + AdamW state = 16·M, one copy of the "
-          "gradients (DDP's default keeps a second: 20·M, 36.7 MiB more per rank here).\n")
+          "gradients (DDP's default keeps a second: 20·M).\n")
 
 
 # --- 3. pipeline bubble ------------------------------------------------------------------------

@@ -75,6 +75,26 @@ def broadcast_from_main(objects: list) -> None:
         dist.broadcast_object_list(objects, src=0)
 
 
+def from_main(work):
+    """Run ``work()`` on rank 0 only, and make its outcome every rank's: an attnlab error
+    raised there is raised on every rank (so none waits in a collective for a rank that has
+    stopped). Returns ``work()``'s value on rank 0, None elsewhere."""
+    from attnlab.errors import AttnlabError
+
+    rank = rank_and_world()[0]
+    result, failed = None, [None]
+    if rank == 0:
+        try:
+            result = work()
+        except AttnlabError as e:
+            failed[0] = (type(e), str(e))
+    broadcast_from_main(failed)
+    if failed[0] is not None:
+        kind, message = failed[0]
+        raise kind(message)
+    return result
+
+
 def barrier() -> None:
     """Wait until every rank gets here (a no-op in one process)."""
     if is_distributed():

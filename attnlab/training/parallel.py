@@ -72,9 +72,13 @@ class ParallelPlan:
         if self.tp > 1 and self.dp > 1 and self.strategy != "fsdp":
             raise BadInput(f"--tp {self.tp} on {self.world} processes leaves {self.dp} "
                            "data-parallel ranks: shard them with --parallel fsdp (a 2-D mesh)")
-        if self.pp > 1 and (self.tp > 1 or self.dp > 1):
-            raise BadInput(f"--pp {self.pp} runs on exactly {self.pp} processes, without --tp "
-                           f"or data parallelism (torchrun started {self.world})")
+        if self.pp > 1 and (self.tp > 1 or self.dp > 1 or self.strategy == "fsdp"):
+            raise BadInput(f"--pp {self.pp} runs on exactly {self.pp} processes, without --tp, "
+                           f"--parallel fsdp or data parallelism (torchrun started "
+                           f"{self.world})")
+        if self.pp > 1 and self.schedule == "1f1b" and self.microbatches < self.pp:
+            raise BadInput(f"--microbatches {self.microbatches} for --pp {self.pp}: the 1f1b "
+                           "schedule needs at least one micro-batch per stage")
         if self.checkpointing == "sqrt" and self.sharded:
             raise BadInput("--activation-checkpointing sqrt runs in one process or under DDP; "
                            "with --parallel fsdp, --tp or --pp use block")
@@ -101,10 +105,12 @@ def from_environment(strategy: str | None = None, tp: int = 1, pp: int = 1,
                      checkpointing: str = "none", precision: str = "fp32",
                      compile: bool = False) -> ParallelPlan:
     """The plan for this process: ``strategy`` None means DDP when torchrun started several
-    processes. Refused, each in one line: a parallel flag outside torchrun (the run would
-    silently train alone), pipeline options without ``--pp``, and a pipeline with fp16 (its
-    loss scaling would have to span the stages) or ``--compile``."""
-    if not distributed.launched() and (strategy is not None or tp > 1 or pp > 1):
+    processes. ``precision`` is the resolved one (``fp32``, ``bf16`` or ``fp16``). Refused,
+    each in one line: a parallel flag outside torchrun (the run would silently train alone),
+    pipeline options without ``--pp``, a pipeline with fp16 (its loss scaling would have to
+    span the stages) or ``--compile``, and fp16 with TP outside FSDP."""
+    started = distributed.launched() or distributed.is_distributed()
+    if not started and (strategy is not None or tp > 1 or pp > 1):
         flag = f"--parallel {strategy}" if strategy else ("--tp" if tp > 1 else "--pp")
         raise BadInput(f"{flag} needs several processes: launch with torchrun "
                        "(e.g. torchrun --standalone --nproc-per-node 2 -m attnlab.cli train ...)")
@@ -115,7 +121,13 @@ def from_environment(strategy: str | None = None, tp: int = 1, pp: int = 1,
     elif precision == "fp16" or compile:
         raise BadInput(f"--pp runs in fp32 or bf16, without --compile (got --precision "
                        f"{precision}{' --compile' if compile else ''})")
-    world = int(os.environ["WORLD_SIZE"]) if distributed.launched() else 1
+    if tp > 1 and precision == "fp16" and strategy != "fsdp":
+        # sharded and plain gradients side by side: torch's scalers unscale one kind at a time
+        raise BadInput("--precision fp16 with --tp needs --parallel fsdp (or use bf16 or fp32)")
+    if distributed.is_distributed():  # a process group already started (by torchrun or not)
+        world = distributed.rank_and_world()[1]
+    else:
+        world = int(os.environ["WORLD_SIZE"]) if distributed.launched() else 1
     return ParallelPlan(world, strategy or "ddp", tp, pp,
                         microbatches if microbatches is not None else max(1, 2 * pp),
                         schedule or "gpipe", checkpointing)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from attnlab.build import build_model
 from attnlab.errors import BadInput, WriteFailed
 from attnlab.storage import CheckpointError
+from attnlab.training import distributed
 from attnlab.training.parallel import fused_state
 
 SHARDED = "sharded"
@@ -138,25 +139,20 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: torch.nn.Module,
     shards of ``model`` and ``optimizer`` into one temporary folder; then on rank 0
     ``write(plain, extra_files)`` writes the model folder of ``plain`` (the gathered weights)
     around the shards and renames it into place. Returns the folder on rank 0."""
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
     tmp = ckpt_dir / f".tmp-{SHARDED}-{step:08d}"
-    if rank0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-    _barrier()
+
+    def fresh_folder() -> None:
+        try:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError as e:
+            raise WriteFailed(f"{ckpt_dir}: could not be written ({e.strerror or e})") from None
+
+    distributed.from_main(fresh_folder)  # every rank waits for it, or stops with it
     save_sharded(tmp, model, optimizer)
     _barrier()  # every rank's part is on disk
-    saved, failed = None, [None]
-    if rank0:
-        try:
-            saved = write(plain, {SHARDED: lambda path: os.replace(tmp, path)})
-        except WriteFailed as e:
-            failed[0] = str(e)
-    if dist.is_initialized():  # rank 0 says how it went: no rank moves on before, or waits
-        dist.broadcast_object_list(failed, src=0)
-    if failed[0] is not None:
-        raise WriteFailed(failed[0])
-    return saved
+    return distributed.from_main(
+        lambda: write(plain, {SHARDED: lambda path: os.replace(tmp, path)}))
 
 
 def _barrier() -> None:
@@ -179,8 +175,10 @@ def resumable(folder: Path, state: dict, sharded: bool, layout: dict) -> bool:
     if not sharded:
         return False
     if state.get("pp", 1) != layout["pp"]:
-        raise BadInput(f"{folder} was written with --pp {state.get('pp', 1)}: resume it with "
-                       f"--pp {state.get('pp', 1)}")
+        pp = state.get("pp", 1)
+        raise BadInput(f"{folder} was written " + (f"with --pp {pp}: resume it with --pp {pp}"
+                                                   if pp > 1 else "without --pp: resume it "
+                                                   "without --pp"))
     if bool(state.get("qkv_split")) != layout["qkv_split"]:
         raise BadInput(f"{folder} was saved " + (
             "with --tp (its fused QKV matrices split by heads): resume with --tp >= 2"
@@ -193,7 +191,8 @@ def plain_model(full: dict[str, torch.Tensor], config, qkv_split: bool = False
     """A plain model (on the CPU: one device may not hold it) of the gathered weights
     ``full``; ``qkv_split``: tensor parallelism had split its fused QKV matrices, which are
     put back together (:func:`attnlab.training.parallel.fused_state`)."""
-    model = build_model(config)
+    with torch.random.fork_rng(devices=[]):  # its random init must not move this rank's RNG
+        model = build_model(config)
     model.load_state_dict(fused_state(full, config) if qkv_split else full)
     return model
 

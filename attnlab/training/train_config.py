@@ -59,9 +59,11 @@ class TrainConfig:
 
     def plan(self) -> parallel.ParallelPlan:
         """The layout these fields ask for, in the processes torchrun started."""
+        precision = hardware.pick_precision(self.precision, self.device_for_memory,
+                                            warn=False)
         return parallel.from_environment(self.parallel, self.tp, self.pp, self.microbatches,
                                          self.pp_schedule, self.activation_checkpointing,
-                                         self.precision, self.compile)
+                                         precision, self.compile)
 
     @property
     def parallel_asked(self) -> bool:

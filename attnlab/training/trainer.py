@@ -19,6 +19,7 @@ moments, RNG states, data position and step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -116,7 +117,7 @@ class Trainer:
                                          fused=not (self.scaler and self.plan.sharded))
         if config.compile:
             self.train_model = torch.compile(self.train_model)
-        self.step = 0
+        self.step = self.saved_step = 0
         self.best_val, self.evals_since_best = math.inf, 0  # the best so far; early stopping
         self.fault = _fault_hook()
         self.ckpt_dir = self.out_dir / "checkpoints"
@@ -148,6 +149,7 @@ class Trainer:
     def save(self) -> Path | None:
         """Write this step's checkpoint (rank 0; every rank writes its shards of a sharded
         run); a failed write names the last good one."""
+        self.saved_step = self.step
         if self.plan.sharded:
             return self._save_sharded()
         if not self.is_main:
@@ -192,11 +194,11 @@ class Trainer:
         return plain.to(self.device)
 
     def _keep_best(self) -> None:
-        """This model into ``out_dir/best`` (rank 0 writes; every rank calls it)."""
+        """This model into ``out_dir/best`` (rank 0 writes; every rank calls it, and a failed
+        write stops every rank)."""
         model = self._plain_on_main() if self.plan.sharded else self.model
-        if self.is_main:
-            save_model_dir(self.out_dir / "best", model, self.model_config, self.tokenizers,
-                           step=self.step)
+        distributed.from_main(lambda: save_model_dir(
+            self.out_dir / "best", model, self.model_config, self.tokenizers, step=self.step))
 
     def resume(self) -> bool:
         """Continue from the newest checkpoint in ``out_dir``; False if there is none. A
@@ -214,7 +216,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         random.setstate((3, tuple(state["python_rng"]), None))
         self.batches.load_state_dict(state["data"])
-        self.step = int(state["step"])
+        self.step = self.saved_step = int(state["step"])
         self.best_val = float(state.get("best_val", math.inf))
         self.evals_since_best = int(state.get("evals_since_best", 0))
         if self.scaler and "scaler" in state:
@@ -242,17 +244,20 @@ class Trainer:
         loss_sum = nll_sum = 0.0
         src_tokens = 0
         for i, batch in enumerate(micro):
+            last = i == len(micro) - 1  # gradients cross ranks once, after the last one
             if self.plan.strategy == "fsdp" and self.pipeline is None and len(micro) > 1:
-                # reduce-scatter the gradients once, after the last micro-batch
-                self.trained.set_requires_gradient_sync(i == len(micro) - 1)
+                self.trained.set_requires_gradient_sync(last)
             if self.pipeline is not None:
                 with hardware.autocast(self.device, self.autocast):
                     loss, nll = self.pipeline.step(batch, scale)
             else:
-                with hardware.autocast(self.device, self.autocast):
-                    sums = self.task.loss(self.train_model, batch)
-                scaled = sums.loss * scale
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                ddp = isinstance(self.train_model, nn.parallel.DistributedDataParallel)
+                with (self.train_model.no_sync() if ddp and not last
+                      else contextlib.nullcontext()):
+                    with hardware.autocast(self.device, self.autocast):
+                        sums = self.task.loss(self.train_model, batch)
+                    scaled = sums.loss * scale
+                    (self.scaler.scale(scaled) if self.scaler else scaled).backward()
                 loss, nll = sums.loss.item(), sums.nll.item()
             loss_sum += loss
             nll_sum += nll
@@ -390,6 +395,10 @@ class Trainer:
                     if self.val_batches and self.cfg.eval_every and (
                             self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
                         found = self._validate(bar)
+                        # one decision for all ranks (early stopping and best/ are collective)
+                        agreed = [found]
+                        distributed.broadcast_from_main(agreed)
+                        found = agreed[0]
                         row.update(found)
                         stop_early = self._track_best(row["val_loss"])
                         stop_early = self._reached(found, bar) or stop_early
@@ -416,8 +425,7 @@ class Trainer:
                                       "--resume)", signum)
                     if budget_over or stop_early:
                         break
-                saved = list_checkpoints(self.ckpt_dir)
-                if not saved or saved[-1].name != f"step-{self.step:08d}":
+                if self.saved_step != self.step:  # (known on every rank alike)
                     self.save()
         finally:
             bar.close()
