@@ -68,6 +68,12 @@ def _field(reader, key: str, default=None):
     return default if field is None else field.contents()
 
 
+def _decimal(value) -> float:
+    """A float32 metadata value as the shortest decimal that float32 rounds to it: GGUF holds
+    ε = 1e-5 as 9.99999974e-06, which was 1e-5 in the model's own config."""
+    return float(str(np.float32(value)))
+
+
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Interleaved RoPE rows (llama.cpp) -> rotate-half rows, per head."""
     rows, cols = w.shape
@@ -81,7 +87,7 @@ def _read_config(reader, path: Path) -> ModelConfig:
     p = "llama."
     d = int(_field(reader, p + "embedding_length"))
     heads = int(_field(reader, p + "attention.head_count"))
-    base = float(_field(reader, p + "rope.freq_base", 10000.0))
+    base = _decimal(_field(reader, p + "rope.freq_base", 10000.0))
     tokens = reader.fields["tokenizer.ggml.tokens"]
     names = {t.name for t in reader.tensors}
     return ModelConfig(
@@ -93,7 +99,7 @@ def _read_config(reader, path: Path) -> ModelConfig:
         max_len=int(_field(reader, p + "context_length")), positional="rope",
         rope_base=base, rope_scaling=_rope_scaling(reader, p, d // max(heads, 1), base, path),
         norm="rmsnorm",
-        norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
+        norm_eps=_decimal(_field(reader, p + "attention.layer_norm_rms_epsilon")),
         norm_placement="pre", activation="swiglu", bias=False, scale_embeddings=False,
         tie_embeddings="output.weight" not in names,
         pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)),
@@ -138,7 +144,8 @@ def _rope_scaling(reader, p: str, d_k: int, base: float, path: Path) -> dict:
                            f"{original}): not supported")
         return scaling
     if kind == "linear":
-        return {"rope_type": "linear", "factor": float(_field(reader, p + "rope.scaling.factor"))}
+        return {"rope_type": "linear",
+                "factor": _decimal(_field(reader, p + "rope.scaling.factor"))}
     if kind != "none":
         raise BadInput(f"{path}: rope.scaling.type={kind!r} is not supported (none, linear, "
                        "or Llama 3's rope_freqs.weight)")
@@ -207,7 +214,8 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
     check_tensors(reader, config, path)
     state, int4 = {}, {}
     for t in reader.tensors:
-        if quantized and t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+        if (quantized and t.tensor_type == gguf.GGMLQuantizationType.Q4_1
+                and t.name.startswith("blk.")):  # (a Q4_1 embedding is dequantised)
             _, i, kind, _ = t.name.split(".")
             parts = q4_1_codes(t.data)
             heads = {"attn_q": config.n_heads, "attn_k": config.kv_heads}.get(kind)
