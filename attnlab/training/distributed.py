@@ -52,12 +52,19 @@ def wrap(model: nn.Module) -> nn.Module:
                                                gradient_as_bucket_view=True)
 
 
+def group_device(group=None) -> torch.device:
+    """Where ``group``'s collectives take their tensors: this rank's GPU under nccl, else the
+    CPU (gloo)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(value: float | int, group=None) -> float | int:
     """The sum of ``value`` over ``group``'s ranks (default: all of them)."""
     if not is_distributed():
         return value
-    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-    t = torch.tensor(float(value), dtype=torch.float64, device=device)
+    t = torch.tensor(float(value), dtype=torch.float64, device=group_device(group))
     dist.all_reduce(t, group=group)
     return type(value)(t.item())
 

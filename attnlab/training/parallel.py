@@ -294,7 +294,7 @@ def grad_norm(parameters, pp_group=None) -> Tensor:
             norm = norm.full_tensor()
         squares = squares + norm.float().cpu() ** 2
     if pp_group is not None:
-        squares = squares.to(_group_device(pp_group))
+        squares = squares.to(distributed.group_device(pp_group))
         dist.all_reduce(squares, group=pp_group)
     return squares.cpu().sqrt()
 
@@ -311,11 +311,6 @@ def clip_grad_norm(parameters, max_norm: float, pp_group=None, counted=None) -> 
             if p.grad is not None:
                 p.grad.mul_(coef)
     return total
-
-
-def _group_device(group) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) \
-        if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
 __all__ = ["STRATEGIES", "SCHEDULES", "MODES", "ParallelPlan", "Layout", "Placed", "place",

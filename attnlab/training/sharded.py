@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from attnlab.build import build_model
 from attnlab.errors import BadInput, WriteFailed
@@ -150,14 +149,9 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: torch.nn.Module,
 
     distributed.from_main(fresh_folder)  # every rank waits for it, or stops with it
     save_sharded(tmp, model, optimizer)
-    _barrier()  # every rank's part is on disk
+    distributed.barrier()  # every rank's part is on disk
     return distributed.from_main(
         lambda: write(plain, {SHARDED: lambda path: os.replace(tmp, path)}))
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def resumable(folder: Path, state: dict, sharded: bool, layout: dict) -> bool:

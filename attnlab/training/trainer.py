@@ -297,10 +297,10 @@ class Trainer:
             return torch.tensor(0.0)
         if not self.plan.sharded:
             return nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
-        if self.pipeline is None:
-            return parallel.clip_grad_norm(self.trained.parameters(), self.cfg.clip_norm)
+        staged = self.pipeline is not None
         return parallel.clip_grad_norm(self.trained.parameters(), self.cfg.clip_norm,
-                                       self.layout.pp_group, self.pipeline.norm_parameters())
+                                       self.layout.pp_group if staged else None,
+                                       self.pipeline.norm_parameters() if staged else None)
 
     def _write_metrics(self, metrics, row: dict[str, float]) -> None:
         try:
