@@ -21,7 +21,8 @@ LAYERS = [
     {"nn", "tokenizers"},
     {"models"},
     {"interop", "storage", "build", "compression"},
-    {"data", "generation", "encoding", "viz", "explain", "training", "metrics", "fewshot"},
+    {"data", "generation", "encoding", "viz", "explain", "training", "metrics", "fewshot",
+     "serving"},
     {"demo"},
     {"cli"},
 ]

@@ -14,6 +14,7 @@ from attnlab.cli.common import (
     add_runtime_args,
     announce,
     runtime,
+    timing_line,
     warn_unknown,
 )
 
@@ -88,26 +89,6 @@ def cmd_generate(args: argparse.Namespace) -> None:
     sys.stdout.flush()
     if not getattr(args, "quiet", False):
         print(timing_line(loaded_in, 0.0, len(ids), begun, ticks), file=sys.stderr)
-
-
-def timing_line(load_s: float, compile_s: float, prompt_tokens: int, begun: float,
-                ticks: list[float]) -> str:
-    """``timing: load 1.23 s | compile 0.00 s | prompt 9 tokens, 312.4 tokens/s | generated
-    256 tokens, 171.0 tokens/s``. The prompt's rate is its tokens over the time to the first
-    new token (the prompt's forward pass and that token's choice); the generated rate is the
-    tokens after the first over the time they took, one forward pass each, as llama.cpp counts
-    them (with one token, its own time)."""
-    def rate(n: int, seconds: float) -> float:
-        return n / seconds if seconds > 0 else float("inf")
-
-    n = len(ticks)
-    prompt = rate(prompt_tokens, ticks[0] - begun) if n else 0.0  # 0 new tokens: none ran
-    if n > 1:
-        generated = rate(n - 1, ticks[-1] - ticks[0])
-    else:
-        generated = rate(n, ticks[0] - begun) if n else 0.0
-    return (f"timing: load {load_s:.2f} s | compile {compile_s:.2f} s | prompt {prompt_tokens} "
-            f"tokens, {prompt:.1f} tokens/s | generated {n} tokens, {generated:.1f} tokens/s")
 
 
 def _context_source(config) -> str:
