@@ -26,7 +26,7 @@ COMMANDS = {
     "info": "info", "train": "train", "average": "train", "generate": "generate",
     "translate": "translate", "evaluate": "evaluate", "classify": "encoder",
     "embed": "encoder", "explain": "explain", "plot": "explain", "tokenize": "tokenize",
-    "quantize": "compress", "prune": "compress", "export": "export",
+    "quantize": "compress", "prune": "compress", "export": "export", "serve": "serve",
     "demo": "demo",
 }
 

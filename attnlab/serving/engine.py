@@ -1,0 +1,298 @@
+"""Continuous batching: every request in flight decodes in one batch, one forward per step.
+
+Decoding reads every weight once per step whatever the batch size, so on a CPU (or a GPU) a
+step for 8 sequences costs little more than a step for one. The engine keeps the sequences in
+flight as the rows of one left-padded batch over one KV cache:
+
+    keys    (rows, kv_heads, T, d_k)      T = the longest row's tokens so far
+    mask    (rows, T)                      True at a row's real tokens (its padding is on the left)
+    step:   logits = model(last (rows, 1), cache, mask ++ 1)    one new token for every row
+
+A request joins between two steps: its prompt is run alone (prefill, with the other new
+prompts of that moment), its first token chosen, and its keys and values are put into the
+batch's cache right-aligned, the shorter side padded on the left. A row leaves as soon as it
+ends (its end token, its token or time limit, its client gone): its row is dropped, and the
+columns that are padding in every remaining row are cut off, so T never exceeds the longest
+row in flight and each row stays within the model's context. Positions come from the mask
+(each row counts its own real tokens), so a row's tokens equal those of decoding it alone, up
+to the rounding of a batched matrix product.
+
+Everything that touches the model runs on the engine's one thread; other threads call
+:meth:`Engine.submit` and :meth:`Handle.cancel` and receive tokens through ``on_tokens``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import BadInput
+from attnlab.generation.decoder_only import filter_logits
+
+
+@dataclass
+class Request:
+    """One sequence to continue. ``on_tokens(new_ids, finish)`` is called on the engine's
+    thread after each step with the new token ids (possibly none) and, on the last call,
+    ``finish``: ``"stop"`` (the end token), ``"length"`` (``max_new_tokens`` or the time limit),
+    ``"cancelled"`` (the engine shut down before it ended) or ``"error"``."""
+
+    ids: list[int]
+    max_new_tokens: int
+    on_tokens: Callable[[list[int], str | None], None]
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    deadline: float | None = None  # time.monotonic() past which the request ends ("length")
+
+
+@dataclass
+class Handle:
+    """What :meth:`Engine.submit` returns: :meth:`cancel` ends the request at the next step,
+    with no further call to its ``on_tokens`` (its client went away, or found a stop string)."""
+
+    request: Request
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class _Row:
+    handle: Handle
+    generator: torch.Generator | None
+    produced: int = 0
+    finish: str | None = field(default=None)
+
+
+class Engine:
+    """Decodes the requests given to :meth:`submit` together, at most ``max_batch`` at a time
+    (the others wait their turn, first come first served). ``model`` is a decoder-only model
+    ready for decoding (:func:`attnlab.generation.decoder_only.for_decoding`)."""
+
+    def __init__(self, model: nn.Module, max_batch: int = 8):
+        if max_batch < 1:
+            raise BadInput(f"max_batch must be >= 1, got {max_batch}")
+        self.model = model.eval()
+        self.max_batch = max_batch
+        self.context = model.config.context
+        self.device = next(model.parameters()).device
+        self._waiting: list[Handle] = []
+        self._rows: list[_Row] = []
+        self._cache = None
+        self._mask: Tensor | None = None  # (rows, T)
+        self._last: Tensor | None = None  # (rows,) each row's newest token
+        self._wake = threading.Condition()
+        self._closing = False
+        self._halt = False
+        self._thread = threading.Thread(target=self._run, name="attnlab-engine", daemon=True)
+        self.steps = 0  # batched decoding steps so far (tests and logs)
+
+    # --- the other threads' side ------------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def submit(self, request: Request) -> Handle:
+        """Queue ``request``; it joins the batch between two steps. Its prompt plus
+        ``max_new_tokens`` must fit the model's context (the caller says so to its client)."""
+        total = len(request.ids) + request.max_new_tokens
+        if not request.ids:
+            raise BadInput("a request needs at least one prompt token")
+        if self.context is not None and total > self.context:
+            raise BadInput(f"{len(request.ids)} prompt tokens + {request.max_new_tokens} new "
+                           f"exceed the model's context of {self.context} tokens")
+        handle = Handle(request)
+        with self._wake:
+            if self._closing:
+                raise BadInput("the server is shutting down")
+            self._waiting.append(handle)
+            self._wake.notify()
+        return handle
+
+    @property
+    def busy(self) -> int:
+        """Requests waiting or in flight."""
+        with self._wake:
+            return len(self._waiting) + len(self._rows)
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Refuse new requests, let those in flight run for up to ``grace`` seconds, then end
+        the rest with finish ``"cancelled"`` and stop the thread."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        end = time.monotonic() + grace
+        while self.busy and time.monotonic() < end:
+            time.sleep(0.02)
+        with self._wake:
+            self._halt = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    # --- the engine's thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._wake:
+                    while not self._halt and not self._waiting and not self._rows:
+                        self._wake.wait()
+                    if self._halt:
+                        break
+                    room = self.max_batch - len(self._rows)
+                    joining, self._waiting = self._waiting[:room], self._waiting[room:]
+                try:
+                    joining = [h for h in joining if not h.cancelled]
+                    if joining:
+                        self._join(joining)
+                    if self._rows:
+                        self._step()
+                except Exception as e:  # a bug: end every request rather than hang them
+                    self._fail(e)
+        self._end_all("cancelled")
+
+    def _fail(self, error: Exception) -> None:
+        import traceback
+
+        traceback.print_exception(error)
+        self._end_all("error")
+
+    def _end_all(self, finish: str) -> None:
+        with self._wake:
+            handles = [r.handle for r in self._rows] + self._waiting
+            self._rows, self._waiting = [], []
+        self._cache = self._mask = self._last = None
+        for h in handles:
+            if not h.cancelled:
+                h.request.on_tokens([], finish)
+
+    def _join(self, handles: list[Handle]) -> None:
+        """Prefill the new prompts (left-padded together), choose their first tokens, and put
+        their keys and values into the batch's cache."""
+        n, p = len(handles), max(len(h.request.ids) for h in handles)
+        ids = torch.zeros(n, p, dtype=torch.long, device=self.device)
+        mask = torch.zeros(n, p, dtype=torch.bool, device=self.device)
+        for i, h in enumerate(handles):
+            prompt = h.request.ids
+            ids[i, p - len(prompt):] = torch.tensor(prompt, device=self.device)
+            mask[i, p - len(prompt):] = True
+        # never a rolling cache: rows of different lengths share the columns
+        cache = self.model.new_cache(capacity=p + 64, rolling=False)
+        logits = self.model(ids, cache=cache, attention_mask=mask)[:, -1]
+        rows = [_Row(h, _generator(h.request, self.device)) for h in handles]
+        first = self._choose(logits.float(), rows)
+        keep = self._emit(rows, first)
+        if len(keep) < n:  # ended at their first token: they never join
+            if not keep:
+                return
+            index = torch.tensor(keep, device=self.device)
+            cache.reorder(index)
+            rows, mask, first = [rows[i] for i in keep], mask[index], first[index]
+        self._merge(rows, cache, mask, first)
+
+    def _merge(self, rows: list[_Row], cache, mask: Tensor, first: Tensor) -> None:
+        """The batch's cache and the new rows' cache as one, both right-aligned at
+        T = max(lengths); padding columns hold zeros (masked keys must not be NaN)."""
+        if not self._rows:
+            self._rows, self._cache, self._mask, self._last = rows, cache, mask, first
+            return
+        old, new = self._mask.shape[1], mask.shape[1]
+        t = max(old, new)
+        b = len(self._rows)
+        for mine, theirs in zip(self._cache, cache, strict=True):
+            k, v = mine.k[:, :, :old], mine.v[:, :, :old]
+            capacity = max(t + 64, mine.k.shape[2])
+            joined = []
+            for a, c in ((k, theirs.k[:, :, :new]), (v, theirs.v[:, :, :new])):
+                buffer = a.new_zeros(b + len(rows), a.shape[1], capacity, a.shape[3])
+                buffer[:b, :, t - old:t] = a
+                buffer[b:, :, t - new:t] = c
+                joined.append(buffer)
+            mine.k, mine.v = joined
+            mine.length = t
+        grown = torch.zeros(b + len(rows), t, dtype=torch.bool, device=self.device)
+        grown[:b, t - old:] = self._mask
+        grown[b:, t - new:] = mask
+        self._mask = grown
+        with self._wake:
+            self._rows = self._rows + rows
+        self._last = torch.cat([self._last, first])
+
+    def _step(self) -> None:
+        """One token for every row in flight."""
+        ones = self._mask.new_ones(len(self._rows), 1)
+        self._mask = torch.cat([self._mask, ones], 1)
+        logits = self.model(self._last[:, None], cache=self._cache,
+                            attention_mask=self._mask)[:, -1]
+        self.steps += 1
+        self._last = self._choose(logits.float(), self._rows)
+        keep = self._emit(self._rows, self._last)
+        if len(keep) < len(self._rows):
+            self._drop(keep)
+
+    def _choose(self, logits: Tensor, rows: list[_Row]) -> Tensor:
+        """``logits (rows, vocab)`` -> ``(rows,)`` next tokens: argmax for greedy rows, a
+        sample from softmax(logits / T) (top-k, top-p filtered) with each row's own
+        generator for the others."""
+        chosen = logits.argmax(-1)
+        for i, row in enumerate(rows):
+            r = row.handle.request
+            if r.temperature > 0:
+                probs = filter_logits(logits[i : i + 1] / r.temperature, r.top_k,
+                                      r.top_p).softmax(-1)
+                chosen[i] = torch.multinomial(probs, 1, generator=row.generator)[0, 0]
+        return chosen
+
+    def _emit(self, rows: list[_Row], tokens: Tensor) -> list[int]:
+        """Hand each of ``rows`` its token; the indices of the rows that go on."""
+        now = time.monotonic()
+        keep = []
+        for i, (row, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
+            r, h = row.handle.request, row.handle
+            if h.cancelled:
+                continue
+            row.produced += 1
+            finish = None
+            if token in r.eos_ids:
+                finish = "stop"
+            elif row.produced >= r.max_new_tokens or (r.deadline is not None
+                                                      and now >= r.deadline):
+                finish = "length"
+            r.on_tokens([] if finish == "stop" else [token], finish)
+            if finish is None:
+                keep.append(i)
+        return keep
+
+    def _drop(self, keep: list[int]) -> None:
+        """Keep the rows ``keep`` of the batch, then cut the columns that are padding in
+        every one of them."""
+        with self._wake:
+            self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._cache = self._mask = self._last = None
+            return
+        index = torch.tensor(keep, device=self.device)
+        self._cache.reorder(index)
+        self._mask, self._last = self._mask[index], self._last[index]
+        cut = int(self._mask.any(0).int().argmax())  # the first column some row uses
+        if cut:
+            for layer in self._cache:
+                layer.k, layer.v = layer.k[:, :, cut:], layer.v[:, :, cut:]
+                layer.length -= cut
+            self._mask = self._mask[:, cut:]
+
+
+def _generator(request: Request, device: torch.device) -> torch.Generator | None:
+    if request.temperature <= 0:
+        return None
+    seed = request.seed if request.seed is not None else torch.seed()
+    return torch.Generator(device=device).manual_seed(seed)

