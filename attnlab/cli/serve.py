@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import socket
 import sys
 import time
@@ -54,7 +55,27 @@ def cmd_serve(args: argparse.Namespace) -> None:
         f"listening on http://{host}:{port}/v1")
     config = uvicorn.Config(create_app(service, api_key), log_level="warning",
                             timeout_graceful_shutdown=args.shutdown_grace, access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    server = _graceful_server(config)
+    server.run(sockets=[sock])
+    if server.stopped_by is not None:
+        say(f"stopped by {signal.Signals(server.stopped_by).name}")
+
+
+def _graceful_server(config):
+    """uvicorn's server, except that a SIGTERM or SIGINT it shut down gracefully for ends the
+    process with code 0 (uvicorn raises the signal again after shutting down, which makes a
+    clean stop look like a kill to a supervisor); ``stopped_by`` names the signal."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stopped_by: int | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            self.stopped_by = sig
+            self._captured_signals.clear()
+
+    return Server(config)
 
 
 def build_service(args: argparse.Namespace):

@@ -8,7 +8,10 @@ alone, and every text the server returns is compared with :func:`generate` on th
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -298,3 +301,47 @@ def test_sse_lines_follow_openai_chunk_format(server):
     assert all(p["object"] == "text_completion" and p["model"] == "tiny" for p in parsed)
     assert len({p["id"] for p in parsed}) == 1
     assert parsed[-1]["choices"] == [] and parsed[-1]["usage"]["completion_tokens"] <= 4
+
+
+def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
+    """``attnlab serve`` as a user starts it: SIGTERM mid-stream lets that answer run to its
+    end (within --shutdown-grace), refuses new connections, and exits with code 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli", "serve", "--model",
+                             str(model_dir), "--name", "tiny", "--port", str(port), "--device",
+                             "cpu", "--precision", "fp32", "--shutdown-grace", "30"],
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        body = {"model": "tiny", "prompt": "the", "max_tokens": 60, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        events = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[len("data: "):])
+                    if len(events) == 1:
+                        proc.send_signal(signal.SIGTERM)
+        assert events[-1] == "[DONE]"
+        usage = json.loads(events[-2])["usage"]
+        finishes = [c["finish_reason"] for e in events[:-2] for c in json.loads(e)["choices"]]
+        assert finishes[-1] in ("length", "stop") and "cancelled" not in finishes
+        assert usage["completion_tokens"] == 60 or finishes[-1] == "stop"
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stderr.close()

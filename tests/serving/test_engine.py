@@ -1,0 +1,161 @@
+"""The continuous-batching engine against decoding each request alone, and the text stream.
+
+Requests join a batch in flight at different moments, with prompts of different lengths, and
+leave at different steps; every one must get the tokens :func:`generate` gives it alone. The
+tiny models' heads are scaled up so that their choices have wide margins (a batched matrix
+product rounds differently from a one-row one, which must not flip a near tie).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from attnlab.build import build_model
+from attnlab.config import ModelConfig
+from attnlab.errors import BadInput
+from attnlab.generation.decoder_only import generate
+from attnlab.serving.engine import Engine, Request
+from attnlab.serving.protocol import TextStream
+
+FAMILIES = {
+    "gpt2": dict(preset="gpt-mini"),
+    "llama": dict(preset="llama-mini", num_kv_heads=2),
+    "mistral": dict(preset="llama-mini", num_kv_heads=2, sliding_window=4),
+}
+
+
+def _model(family: str):
+    spec = dict(FAMILIES[family])
+    config = ModelConfig.from_preset(spec.pop("preset"), vocab_size=40, d_model=32, n_heads=4,
+                                     d_ff=64, n_decoder_layers=2, max_len=64, dropout=0.0,
+                                     tie_embeddings=False, **spec)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    return model
+
+
+class Collect:
+    """``on_tokens`` of one request: its tokens and finish, and an event when it ended."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.finish = None
+        self.done = threading.Event()
+
+    def __call__(self, new, finish):
+        self.tokens.extend(new)
+        if finish is not None:
+            self.finish = finish
+            self.done.set()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_requests_joining_and_leaving_get_the_tokens_of_decoding_alone(family):
+    model = _model(family)
+    engine = Engine(model, max_batch=3).start()
+    g = torch.Generator().manual_seed(1)
+    lengths, news = [3, 11, 1, 6, 14, 8, 2], [12, 5, 20, 9, 7, 15, 4]
+    prompts = [torch.randint(4, 40, (n,), generator=g).tolist() for n in lengths]
+    eos = 5
+    runs = []
+    try:
+        for i, (p, n) in enumerate(zip(prompts, news, strict=True)):
+            runs.append(Collect())
+            engine.submit(Request(p, n, runs[-1], eos_ids=(eos,) if i % 2 else ()))
+            time.sleep(0.002 * (i % 3))  # some join alone, some together, mid-flight
+        for r in runs:
+            assert r.done.wait(30)
+    finally:
+        engine.stop()
+    stopped = 0
+    for i, (p, n, r) in enumerate(zip(prompts, news, runs, strict=True)):
+        want = generate(model, torch.tensor([p]), n,
+                        eos_id=eos if i % 2 else None)[0, len(p):].tolist()
+        if i % 2 and eos in want:
+            want = want[: want.index(eos)]
+            stopped += 1
+            assert r.finish == "stop"
+        else:
+            assert r.finish == "length"
+        assert r.tokens == want, i
+    assert engine.steps < sum(news)  # rows shared steps
+
+
+def test_the_batch_never_holds_more_than_max_batch_rows_and_cancel_ends_a_row():
+    model = _model("llama")
+    engine = Engine(model, max_batch=2)
+    widths = []
+    step = engine._step
+
+    def watched():
+        widths.append(len(engine._rows))
+        step()
+
+    engine._step = watched
+    engine.start()
+    runs = [Collect() for _ in range(5)]
+    try:
+        handles = [engine.submit(Request([7, 8, 9], 30, r)) for r in runs]
+        handles[0].cancel()
+        for r in runs[1:]:
+            assert r.done.wait(30)
+    finally:
+        engine.stop()
+    assert max(widths) == 2
+    assert not runs[0].done.is_set()  # a cancelled request hears nothing more
+    assert all(r.tokens == runs[1].tokens for r in runs[2:])
+
+
+def test_a_request_past_the_context_is_refused_and_stop_cancels_the_rest():
+    model = _model("gpt2")
+    engine = Engine(model, max_batch=2).start()
+    with pytest.raises(BadInput, match="exceed the model's context of 64"):
+        engine.submit(Request([1] * 60, 5, Collect()))
+    slow = Collect()
+    engine.submit(Request([1, 2], 60, slow))
+    engine.stop(grace=0)
+    assert slow.done.wait(5) and slow.finish in ("cancelled", "length")
+    with pytest.raises(BadInput, match="shutting down"):
+        engine.submit(Request([1], 1, Collect()))
+
+
+def test_sampled_rows_follow_their_own_seed_whatever_else_is_in_the_batch():
+    model = _model("llama")
+    alone, crowded = Collect(), Collect()
+    engine = Engine(model, max_batch=4).start()
+    try:
+        engine.submit(Request([4, 5, 6], 12, alone, temperature=1.0, seed=3))
+        assert alone.done.wait(30)
+        others = [Collect() for _ in range(3)]
+        for o in others:
+            engine.submit(Request([9, 9], 12, o, temperature=0.8, seed=11))
+        engine.submit(Request([4, 5, 6], 12, crowded, temperature=1.0, seed=3))
+        assert crowded.done.wait(30)
+    finally:
+        engine.stop()
+    assert crowded.tokens == alone.tokens
+
+
+def _byte_decoder(ids):
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_the_text_stream_never_splits_a_character_or_leaks_a_stop_string():
+    text = "héllo wörld <|end|> after"
+    data = list(text.encode())
+    stream = TextStream(_byte_decoder, ["<|end|>"])
+    pieces = [stream.feed([b]) for b in data]
+    pieces.append(stream.feed([], final=True))
+    assert "".join(pieces) == "héllo wörld "
+    assert stream.stopped
+    assert all("\ufffd" not in p and "<" not in p for p in pieces)
+    # a prefix of a stop string that turns out not to be one is released
+    stream = TextStream(_byte_decoder, ["<|end|>"])
+    assert "".join(stream.feed([b]) for b in b"a <|en") == "a "
+    assert stream.feed(list(b" no")) == "<|en no" and not stream.stopped
