@@ -345,3 +345,31 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
             proc.kill()
         proc.wait()
         proc.stderr.close()
+
+
+def test_the_readme_serving_example_runs(server, capsys):
+    """The README's serve line parses, its curl body gets an answer, and its Python example
+    streams the text that the same request gives unstreamed (on the tiny model here)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shell = next(b for b in re.findall(r"```sh\n(.*?)```", readme, flags=re.S)
+                 if "attnlab serve" in b)
+    lines = [line for line in shell.replace("\\\n", " ").splitlines() if line.strip()]
+    build_parser().parse_args(shlex.split(lines[0])[1:])
+    curl = shlex.split(lines[1])
+    body = json.loads(curl[curl.index("-d") + 1])
+    body["model"] = "tiny"
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+    python = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+                  if "OpenAI(" in b)
+    python = python.replace("http://127.0.0.1:8000", server.url).replace('"smollm2"', '"tiny"')
+    exec(compile(python, "README.md", "exec"), {})
+    streamed = capsys.readouterr().out
+    whole = server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Write a haiku about rain."}],
+        max_tokens=40, temperature=0.7, seed=1)
+    assert streamed == whole.choices[0].message.content and streamed
