@@ -1,0 +1,224 @@
+"""attnlab against llama.cpp (llama-cpp-python) on the same GGUF files, each engine in its own
+process, with the same threads (#25 item 4; #21's "attnlab vs llama.cpp").
+
+For each file (SmolLM2-135M-Instruct: the packaged Q4_1 file, and f32, f16 and q8_0 files that
+``attnlab export gguf`` writes from it), each engine:
+
+* prefill: one forward pass over a ``--prefill``-token prompt (tokens/s);
+* decode: batch 1, greedy, ``--new-tokens`` tokens after a short prompt, never stopping at the
+  end token (tokens/s over the tokens after the first, as llama.cpp counts them);
+* the greedy tokens themselves, compared between the engines (how many agree from the start).
+
+Beside each decoding figure: the bytes that engine reads per token (its weights as it holds
+them, plus the KV cache at the run's mean length) and the limit that this machine's measured
+matrix-vector bandwidth puts on it (bandwidth / bytes).
+
+llama-cpp-python builds from source; it is not a dependency of attnlab's tests (the
+``llamacpp`` extra). Built with ``GGML_NATIVE=ON`` it crashed on an AMX machine in batched
+prompt processing; build it as docs/benchmarks.md says (``GGML_NATIVE=OFF`` and the AVX-512
+flags).
+
+    .venv/bin/python benchmarks/llamacpp.py [--types q4_1 q8_0 f16 f32] [--threads 2]
+        [--new-tokens 256] [--prefill 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "<|im_start|>user\nTell me about the history of Paris.<|im_end|>\n<|im_start|>assistant\n"
+FILLER = ("The city grew on the banks of the river, where merchants met and traded goods from "
+          "every part of the kingdom. Over the centuries it became a centre of learning, art "
+          "and government, and its streets filled with scholars, painters and officials. ")
+
+
+# --- workers (each in its own process) -------------------------------------------------------
+def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int) -> dict:
+    import torch
+
+    import attnlab
+    from attnlab.generation.decoder_only import for_decoding, generate
+
+    torch.set_num_threads(threads)
+    int4 = kind == "q4_1"
+    loaded = attnlab.load(path, int4=int4)
+    precision = "bf16" if int4 else "fp32"
+    model = for_decoding(loaded.model, "cpu", precision, int4)
+    tok = loaded.tokenizer
+    prompt = torch.tensor([tok.encode(PROMPT)])
+    long = torch.tensor([(tok.encode(FILLER * 64))[:prefill]])
+    with torch.inference_mode():
+        generate(model, prompt, 4)  # warm-up: first calls allocate
+        begun = time.perf_counter()
+        model(long, cache=model.new_cache(prefill))
+        prefill_s = time.perf_counter() - begun
+        ticks = []
+        out = generate(model, prompt, new, on_token=lambda _: ticks.append(time.perf_counter()))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights += sum(b.numel() * b.element_size() for b in model.buffers())
+    kv_dtype = torch.bfloat16 if int4 else torch.float32
+    return dict(prompt=prompt[0].tolist(), ids=out[0, prompt.shape[1]:].tolist(),
+                prefill_tps=prefill / prefill_s, decode_tps=(new - 1) / (ticks[-1] - ticks[0]),
+                weight_bytes=weights, kv_bytes=_kv_bytes(model.config, kv_dtype.itemsize),
+                precision="int4 codes, bf16 activations" if int4 else precision)
+
+
+def llamacpp_worker(path: str, kind: str, threads: int, new: int, prefill: int) -> dict:
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=path, n_ctx=max(prefill, 64 + new) + 16, n_threads=threads,
+                n_threads_batch=threads, n_batch=prefill, verbose=False)
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=False, special=True)
+    long = llm.tokenize((FILLER * 64).encode(), add_bos=False, special=True)[:prefill]
+    llm.eval(prompt[:4])  # warm-up
+    llm.reset()
+    begun = time.perf_counter()
+    llm.eval(long)
+    prefill_s = time.perf_counter() - begun
+    llm.reset()
+    llm.eval(prompt)
+    ids, ticks = [], []
+    for _ in range(new):
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        ids.append(token)
+        ticks.append(time.perf_counter())
+        llm.eval([token])
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    weights = sum(int(t.n_bytes) for t in reader.tensors)
+    return dict(prompt=list(prompt), ids=ids, prefill_tps=prefill / prefill_s,
+                decode_tps=(new - 1) / (ticks[-1] - ticks[0]), weight_bytes=weights,
+                kv_bytes=_kv_bytes_gguf(reader, 2), precision=kind)
+
+
+def _kv_bytes(config, itemsize: int) -> int:
+    """Keys and values of one token, every layer."""
+    return 2 * config.n_decoder_layers * config.kv_heads * config.d_k * itemsize
+
+
+def _kv_bytes_gguf(reader, itemsize: int) -> int:
+    def field(key):
+        f = reader.fields[key]
+        return int(f.parts[f.data[0]][0])
+
+    layers, heads = field("llama.block_count"), field("llama.attention.head_count")
+    kv_heads, d = field("llama.attention.head_count_kv"), field("llama.embedding_length")
+    return 2 * layers * kv_heads * (d // heads) * itemsize
+
+
+# --- the driver ------------------------------------------------------------------------------
+def bandwidth() -> float:
+    """GB/s that a float32 matrix-vector product reads here (a 512 MB matrix, best of 5)."""
+    import torch
+
+    m, v = torch.randn(8192, 16384), torch.randn(16384)
+    best = float("inf")
+    for _ in range(6):
+        begun = time.perf_counter()
+        torch.mv(m, v)
+        best = min(best, time.perf_counter() - begun)
+    return m.numel() * 4 / best / 1e9
+
+
+def files(types: list[str], folder: Path) -> dict[str, Path]:
+    from attnlab.storage import smollm2_path
+
+    found = {}
+    for kind in types:
+        if kind == "q4_1":
+            found[kind] = smollm2_path()
+            continue
+        path = folder / f"smollm2-{kind}.gguf"
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            subprocess.run([str(ROOT / ".venv" / "bin" / "attnlab"), "export", "gguf",
+                            "--model", "smollm2", "--out", str(path), "--type", kind],
+                           check=True)
+        found[kind] = path
+    return found
+
+
+def run_worker(engine: str, path: Path, kind: str, args) -> dict | None:
+    payload = json.dumps(dict(path=str(path), kind=kind, threads=args.threads,
+                              new=args.new_tokens, prefill=args.prefill))
+    done = subprocess.run([sys.executable, __file__, "--worker", engine, "--json", payload],
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        print(f"  {engine} on {kind} failed (exit {done.returncode}): "
+              f"{done.stderr.strip().splitlines()[-1:] or ''}", flush=True)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--types", nargs="+", default=["q4_1", "q8_0", "f16", "f32"],
+                   choices=["q4_1", "q8_0", "f16", "f32"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--engines", nargs="+", default=["attnlab", "llamacpp"])
+    p.add_argument("--folder", default=str(ROOT / "runs" / "llamacpp"),
+                   help="where the exported f32/f16/q8_0 files are kept")
+    p.add_argument("--worker", choices=["attnlab", "llamacpp"], help=argparse.SUPPRESS)
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        fn = attnlab_worker if args.worker == "attnlab" else llamacpp_worker
+        print(json.dumps(fn(**json.loads(args.json))))
+        return
+    import torch
+
+    from attnlab import hardware
+
+    model, flags = hardware.cpu_flags()
+    gbs = bandwidth()
+    print(f"machine: {model} ({hardware.isa_summary(flags)}), {os.cpu_count()} CPUs, torch "
+          f"{torch.__version__}, Python {platform.python_version()}; matrix-vector read "
+          f"{gbs:.1f} GB/s; {args.threads} threads\n", flush=True)
+    rows = []
+    for kind, path in files(args.types, Path(args.folder)).items():
+        results = {e: run_worker(e, path, kind, args) for e in args.engines}
+        ours, theirs = results.get("attnlab"), results.get("llamacpp")
+        same = None
+        if ours and theirs:
+            same = next((i for i, (a, b) in enumerate(zip(ours["ids"], theirs["ids"], strict=True))
+                         if a != b), len(ours["ids"]))
+            same = f"{same}/{args.new_tokens}" + ("" if ours["prompt"] == theirs["prompt"]
+                                                   else " (prompts differ)")
+        for engine, r in results.items():
+            if r is None:
+                continue
+            per_token = r["weight_bytes"] + r["kv_bytes"] * (len(r["prompt"])
+                                                             + args.new_tokens / 2)
+            limit = gbs * 1e9 / per_token
+            rows.append((kind, engine, r["precision"], r["prefill_tps"], r["decode_tps"],
+                         per_token / 1e6, limit, same))
+            print(f"{kind} {engine}: prefill {r['prefill_tps']:.0f} tokens/s, decode "
+                  f"{r['decode_tps']:.1f} tokens/s ({per_token / 1e6:.0f} MB/token, limit "
+                  f"{limit:.0f})", flush=True)
+    print("\n| file | engine | computes in | prefill tokens/s | decode tokens/s | MB read "
+          "per token | limit tokens/s | % of limit | same greedy tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind, engine, precision, pre, dec, mb, limit, same in rows:
+        print(f"| {kind} | {engine} | {precision} | {pre:.0f} | {dec:.1f} | {mb:.0f} | "
+              f"{limit:.0f} | {100 * dec / limit:.0f}% | {same or '-'} |")
+    by = {(k, e): d for k, e, _, _, d, *_ in rows}
+    for kind in args.types:
+        if (kind, "attnlab") in by and (kind, "llamacpp") in by:
+            print(f"{kind}: attnlab decodes at {by[kind, 'attnlab'] / by[kind, 'llamacpp']:.2f}x "
+                  "llama.cpp's speed")
+
+
+if __name__ == "__main__":
+    main()
