@@ -1,4 +1,5 @@
-"""``attnlab export gguf``: a model into another engine's file format (llama.cpp's GGUF)."""
+"""``attnlab export gguf`` and ``attnlab export onnx``: a model into another engine's file format
+(llama.cpp's GGUF; ONNX graphs for onnxruntime)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,30 @@ def cmd_export_gguf(args: argparse.Namespace) -> None:
     print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, matrices in {args.type})")
 
 
+def cmd_export_onnx(args: argparse.Namespace) -> None:
+    from attnlab.interop.onnx_export import (
+        check_destination,
+        check_exportable,
+        export_onnx,
+        require_onnx,
+    )
+    from attnlab.storage import load
+
+    require_onnx()  # what can be checked before the model loads, first
+    out = check_destination(args.out)
+    loaded = load(args.model)
+    check_exportable(loaded.model, loaded.path)
+    manifest = export_onnx(loaded.model, out,
+                           {role: t.to_dict() for role, t in loaded.tokenizers.items()})
+    files = ", ".join(f"{g['file']} ({(out / g['file']).stat().st_size / 2**20:.1f} MiB)"
+                      for g in manifest["graphs"].values())
+    errors = [g["max_abs_error"] for g in manifest["graphs"].values()
+              if g.get("max_abs_error") is not None]
+    check = (f"; max |onnxruntime - attnlab| {max(errors):.1e} on the export's inputs"
+             if errors else "")
+    print(f"wrote {out}: {files}, opset {manifest['opset']}{check}")
+
+
 def add_commands(sub) -> None:
     ex = sub.add_parser("export", help="write a model in another engine's format",
                         description="Write a model in another engine's file format.")
@@ -30,3 +55,14 @@ def add_commands(sub) -> None:
     g.add_argument("--type", choices=["f32", "f16", "q8_0", "q4_1"], default="f32",
                    help="the matrices' type (norms stay f32)")
     g.set_defaults(func=cmd_export_gguf)
+    o = formats.add_parser(
+        "onnx", help="ONNX graphs for onnxruntime (encoder, decoder, encoder-decoder models)",
+        description="Write a model as float32 ONNX graphs with dynamic batch and sequence "
+        "axes: an encoder's forward pass; a decoder's step with its KV cache as inputs "
+        "(past_key_values.*) and outputs (present.*); an encoder-decoder's encoder and "
+        "decoder step. The folder also holds export.json (each graph's inputs and outputs) "
+        "and the tokenizers; attnlab.interop.onnx_run runs it.")
+    add_model_arg(o, "a run, model folder, Hugging Face folder, .gguf file or alias "
+                  "(minilm, smollm2)")
+    add_out_arg(o, "the folder to write (new, empty, or an earlier ONNX export)", required=True)
+    o.set_defaults(func=cmd_export_onnx)
