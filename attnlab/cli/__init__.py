@@ -27,7 +27,7 @@ COMMANDS = {
     "translate": "translate", "evaluate": "evaluate", "classify": "encoder",
     "embed": "encoder", "explain": "explain", "plot": "explain", "tokenize": "tokenize",
     "quantize": "compress", "prune": "compress", "export": "export", "serve": "serve",
-    "demo": "demo",
+    "demo": "demo", "chat": "chat",
 }
 
 

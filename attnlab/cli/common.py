@@ -227,6 +227,116 @@ def warn_unknown(tokenizer, texts: list[str], what: str) -> None:
                       f"<unk>: {shown}", stacklevel=2)
 
 
+# --- decoding (generate, chat) ---------------------------------------------------------------
+def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int,
+                      length_help: str = "tokens to generate; past the model's trained "
+                      "context, each step sees the last context tokens (as nanoGPT crops)"
+                      ) -> None:
+    """The options of a command that decodes with
+    :func:`attnlab.generation.decoder_only.generate`: length, sampling, seed and ``--int4``."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=length_help)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int,
+                   help="random seed of sampling (default: a fresh one, printed on stderr; "
+                        "greedy decoding needs none)")
+    p.add_argument("--int4", action="store_true",
+                   help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
+
+
+def decoding_runtime(args: argparse.Namespace) -> tuple[torch.device, str, str]:
+    """``(device, precision, what announce says)`` of a decoding command: :func:`runtime`,
+    except that ``--int4`` computes in bf16 on the CPU (PyTorch's 4-bit kernel is a CPU one)."""
+    if args.int4:
+        if args.precision not in (None, "auto", "bf16"):
+            raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
+        args.device = "cpu" if args.device == "auto" else args.device
+    device, precision = runtime(args)
+    return device, precision, "int4 weights, bf16" if args.int4 else precision
+
+
+def check_decoding_args(args: argparse.Namespace, ids: torch.Tensor) -> None:
+    """``check_decoding`` on the options of :func:`add_decoding_args`, its error naming the
+    flag rather than the keyword argument."""
+    from attnlab.generation.decoder_only import check_decoding
+
+    try:
+        check_decoding(ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                       args.repetition_penalty)
+    except ValueError as e:
+        name, rest = str(e).split(" ", 1)
+        raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
+
+
+def sampling_seed(args: argparse.Namespace) -> int:
+    """``--seed``; when sampling without one, a fresh seed, printed (even with --quiet) so the
+    run can be repeated. Greedy decoding: 0 (unused)."""
+    seed = args.seed
+    if seed is None and args.temperature > 0:
+        import secrets
+
+        seed = secrets.randbits(31)
+        print(f"attnlab {args.command}: sampling with --seed {seed}", file=sys.stderr)
+    return seed or 0
+
+
+class StopStream:
+    """``generate``'s ``on_token``: writes the text of the new tokens to ``out`` as it grows,
+    and stops at the first of ``stop_ids`` or ``stops`` (strings), neither of which is written.
+
+    Text that may still change is held back until a later token settles it: a stop string's
+    beginning at the end (``<|im_`` before ``end|>``) and an unfinished UTF-8 character (a
+    byte-level token may end inside one; it decodes to U+FFFD). :meth:`finish` writes what is
+    left and returns the reply. ``ticks`` holds when each new token was ready, for
+    :func:`timing_line`. ``skip_special=False`` keeps special tokens in the text, so a stop
+    string such as ``<|eot_id|>`` is seen."""
+
+    def __init__(self, tokenizer, stops=(), stop_ids=(), out=None, skip_special: bool = True):
+        self.tokenizer, self.skip_special = tokenizer, skip_special
+        self.stops = [s for s in stops if s]
+        self.stop_ids = set(stop_ids)
+        self.out = sys.stdout if out is None else out
+        self.text = ""  # the reply so far, the stop excluded
+        self.written = ""
+        self.stopped = False
+        self.ticks: list[float] = []
+
+    def __call__(self, new_ids) -> bool:
+        import time
+
+        self.ticks.append(time.perf_counter())
+        ids = new_ids[0].tolist()
+        cut = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
+        if cut is not None:
+            ids, self.stopped = ids[:cut], True
+        text = self.tokenizer.decode(ids, skip_special=self.skip_special)
+        hit = min((text.find(s) for s in self.stops if s in text), default=-1)
+        if hit >= 0:
+            text, self.stopped = text[:hit], True
+        self.text = text
+        self._write(text if self.stopped else text[:len(text) - self._unsettled(text)])
+        return self.stopped
+
+    def _unsettled(self, text: str) -> int:
+        """How many characters at the end of ``text`` may still change."""
+        partial = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])),
+                      default=0)
+        return max(partial, len(text) - len(text.rstrip("\ufffd")))
+
+    def _write(self, text: str) -> None:
+        if len(text) > len(self.written):  # (held-back text is never shorter than written)
+            self.out.write(text[len(self.written):])
+            self.out.flush()
+            self.written = text
+
+    def finish(self) -> str:
+        """Write the rest of the reply (what was held back); return the whole reply."""
+        self._write(self.text)
+        return self.text
+
+
 # --- the report after training ---------------------------------------------------------------
 def report_run(out: str | Path, history: list[dict], what: str = "validation loss",
                lines: list[str] | tuple[str, ...] = (), where: str | None = None) -> None:
