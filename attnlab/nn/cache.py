@@ -8,6 +8,10 @@ doubles on overflow so a wrong guess costs a copy, not an error.
 Cross-attention keys and values depend only on the encoder output, so a ``static`` cache is
 filled once and reused at every step.
 
+Speculative decoding feeds several guessed tokens at once and keeps only those the model
+agrees with: :meth:`KVCache.truncate` (and :meth:`SelfAttentionCache.truncate`, every layer)
+forgets the positions of the rejected ones.
+
 Sliding-window attention (Mistral: query i sees keys i − W < j ≤ i) never looks further back
 than W − 1 tokens, so a :class:`RollingKVCache` holds at most W entries: position p lives in
 slot p mod W, and each new token overwrites the one that just left every later window.
@@ -53,6 +57,19 @@ class KVCache:
             new_v[:, :, : self.length] = self.v[:, :, : self.length]
         self.k, self.v = new_k, new_v
 
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on (speculative decoding's rejected drafts).
+
+        Resetting ``length`` is enough for a growing cache: entries are kept in order, slot p
+        holding position p, and nothing reads past ``length`` — :meth:`append` returns
+        ``[:length]`` and writes the next positions over the stale slots. No copy, no zeroing.
+        """
+        if self.static:
+            raise ValueError("a static (cross-attention) cache has no positions to forget")
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        self.length = length
+
     @property
     def filled(self) -> bool:
         return self.k is not None
@@ -77,6 +94,16 @@ class RollingKVCache(KVCache):
     def __init__(self, window: int):
         super().__init__(capacity=window)
         self.window = window
+
+    def truncate(self, length: int) -> None:
+        """Roll back to ``length`` positions; possible only while no slot was reused (at most
+        ``window`` positions seen): past that, the dropped positions overwrote keys that the
+        kept ones still need. Decode with a growing cache to roll back further."""
+        if length < self.length and self.length > self.window:
+            raise ValueError(f"a rolling cache of window {self.window} cannot roll back from "
+                             f"{self.length} positions to {length}: their slots were reused; "
+                             "use new_cache(rolling=False)")
+        super().truncate(length)
 
     def _one_step(self, new: int) -> bool:
         return new == 1 and self.k is not None
@@ -131,6 +158,11 @@ class SelfAttentionCache(list):
         for rolling caches, None for growing ones (keys ``0 .. length + new − 1`` in order)."""
         first = self[0] if self else None
         return first.key_index(new, device) if isinstance(first, RollingKVCache) else None
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions in every layer (:meth:`KVCache.truncate`)."""
+        for layer in self:
+            layer.truncate(length)
 
     def reorder(self, index: Tensor) -> None:
         for layer in self:

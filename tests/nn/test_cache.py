@@ -77,3 +77,49 @@ def test_padding_between_tokens_needs_a_full_cache(mistral_like):
         first = mistral_like(ids[:, :9], cache=cache, attention_mask=mask[:, :9])
         rest = mistral_like(ids[:, 9:], cache=cache, attention_mask=mask)
     assert (torch.cat([first, rest], 1) - whole)[mask].abs().max() <= 1e-5
+
+
+def test_truncate_forgets_the_last_positions_of_a_growing_cache():
+    """Positions 0..6 cached, truncated to 4: the next append lands at 4, over the stale ones,
+    and the cache returns positions 0..3 and the new ones only."""
+    from attnlab.nn import KVCache
+
+    cache = KVCache(capacity=4)  # grows once on the way: truncation survives it
+    for p in range(7):
+        x = torch.full((1, 1, 1, 2), float(p))
+        cache.append(x, x)
+    cache.truncate(4)
+    assert cache.length == 4
+    k, v = cache.append(torch.full((1, 1, 2, 2), 9.0), torch.full((1, 1, 2, 2), 9.0))
+    assert k[0, 0, :, 0].tolist() == [0, 1, 2, 3, 9, 9] and torch.equal(k, v)
+    with pytest.raises(ValueError, match="cannot truncate a cache of 6 positions to 7"):
+        cache.truncate(7)
+    with pytest.raises(ValueError, match="static"):
+        KVCache(static=True).truncate(0)
+
+
+def test_rejected_tokens_leave_no_trace_after_truncate(mistral_like):
+    """Speculative decoding's rollback through a whole decoder (the sliding window decoded with
+    the growing cache and the band mask): 10 tokens, 4 wrong guesses, truncate back to 10,
+    then the right tokens give the logits of a run without a cache."""
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        whole = mistral_like(ids)
+        cache = mistral_like.new_cache(rolling=False)
+        first = mistral_like(ids[:, :10], cache=cache)
+        mistral_like((ids[:, 10:14] + 1) % 256, cache=cache)  # rejected guesses
+        cache.truncate(10)
+        assert cache.length == 10 and all(layer.length == 10 for layer in cache)
+        rest = mistral_like(ids[:, 10:], cache=cache)
+    assert (torch.cat([first, rest], 1) - whole).abs().max() <= 1e-5
+
+
+def test_a_rolling_cache_rolls_back_only_before_reusing_a_slot():
+    cache = RollingKVCache(window=4)
+    x = torch.zeros(1, 1, 3, 2)
+    cache.append(x, x)
+    cache.truncate(2)  # 3 positions seen, no slot reused yet
+    cache.append(x, x)  # 5 positions: slot 0 now holds position 4
+    with pytest.raises(ValueError, match="cannot roll back from 5 positions to 3"):
+        cache.truncate(3)
+    cache.truncate(5)  # forgetting nothing is always possible
