@@ -32,6 +32,7 @@ from attnlab.cli.common import (
     timing_line,
     warn_unknown,
 )
+from attnlab.errors import BadInput
 
 COMMANDS_HELP = ("/reset (forget the conversation), /system TEXT (a new system message; "
                  "forgets the conversation), /exit")
@@ -64,7 +65,11 @@ class Conversation:
         its own is taken back and refused."""
         dropped = 0
         while True:
-            ids = self.tokenizer.encode(self.template.render(self.messages()))
+            try:
+                ids = self.tokenizer.encode(self.template.render(self.messages()))
+            except BadInput:  # the template refuses this conversation: take the message back
+                self.turns.pop()
+                raise
             if self.budget is None or len(ids) <= self.budget:
                 break
             if len(self.turns) < 3:  # the last user message alone
@@ -83,7 +88,7 @@ class Conversation:
 def cmd_chat(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab.generation.chat import chat_template_for
+    from attnlab.generation.chat import chat_template_for, stop_token_ids
     from attnlab.generation.decoder_only import for_decoding, generate
     from attnlab.storage import load
 
@@ -98,7 +103,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     model = for_decoding(loaded.model, device, precision, args.int4)
     load_s = time.perf_counter() - started
     stops = template.stop_strings
-    stop_ids = _stop_ids(tok, stops)
+    stop_ids = stop_token_ids(tok, stops)
     chat = Conversation(template, tok, args.system, model.config.context, args.max_new_tokens)
     chat.check()
     announce(args, loaded.path, device, what)
@@ -115,7 +120,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
         chat.turns.append({"role": "user", "content": text})
         try:
             ids = chat.prompt()
-        except UsageError as e:  # one message refused; the conversation goes on
+        except (UsageError, BadInput) as e:  # one message refused (too long, or by the
+            # template, which prompt() took back); the conversation goes on
             print(f"attnlab chat: error: {e}", file=sys.stderr)
             continue
         stream = StopStream(tok, stops, stop_ids, skip_special=False)
@@ -133,18 +139,6 @@ def cmd_chat(args: argparse.Namespace) -> None:
         if not args.quiet:  # the load time counts once, on the first reply
             print(timing_line(load_s, 0.0, len(ids), begun, stream.ticks), file=sys.stderr)
             load_s = 0.0
-
-
-def _stop_ids(tok, stops: list[str]) -> set[int]:
-    """The eos id, and the id of each stop string that is one token (a special one such as
-    ``<|im_end|>``; never ``<unk>``, which a word tokenizer would give for any)."""
-    found = {tok.eos_id}
-    for stop in stops:
-        ids = tok.encode(stop)
-        if len(ids) == 1 and tok.decode(ids, skip_special=False) == stop:
-            found.add(ids[0])
-    found.discard(None)
-    return found
 
 
 def _read_line() -> str | None:

@@ -66,7 +66,7 @@ def _sandbox():
                                 "(pip install -U jinja2)")
 
     class Sandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})
+        intercepted_binops = frozenset({"*", "**", "+"})
 
         def unsafe_undefined(self, obj: Any, attribute: str):
             # Jinja returns an Undefined that fails only when used: `{{ x.__class__ }}` would
@@ -77,6 +77,19 @@ def _sandbox():
         def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
             _check_size(operator, left, right, SecurityError)
             return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+            # "x".center(10**10), "{:999999999}".format(1): widths are refused first
+            owner = getattr(__obj, "__self__", None)
+            if isinstance(owner, str) and getattr(__obj, "__name__", "") in _WIDE_METHODS:
+                _check_widths(None, (*args, *kwargs.values()), SecurityError)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value: Any):
+            # the sandbox's str.format and format_map: their format string's widths first
+            if isinstance(getattr(value, "__self__", None), str):
+                _check_widths(value.__self__, (), SecurityError)
+            return super().wrap_str_format(value)
 
     class Generation(Extension):
         """``{% generation %}...{% endgeneration %}`` (transformers marks the assistant's
@@ -98,10 +111,14 @@ def _sandbox():
 
         def __setitem__(self, name: str, value: Any) -> None:
             _public(name, SecurityError)
+            if isinstance(value, (str, list, tuple, dict)) and len(value) > MAX_OUTPUT_CHARS:
+                raise SecurityError(f"a value of {len(value):,} items stored on a namespace")
             Namespace.__setitem__(self, name, value)
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, Generation])
     env.filters["tojson"] = _tojson
+    for name in ("center", "indent", "wordwrap", "format", "tojson"):  # widths checked first
+        env.filters[name] = _bounded(env.filters[name], name == "format", SecurityError)
     env.globals.update(raise_exception=_raise, strftime_now=_strftime_now,
                        namespace=SafeNamespace, dict=_make_dict)
     return env
@@ -142,6 +159,37 @@ def _check_size(operator: str, left: Any, right: Any, error: type[Exception]) ->
     elif operator == "**" and isinstance(left, int) and isinstance(right, int) \
             and right > 0 and abs(left) > 1 and abs(left).bit_length() * right > 1 << 16:
         raise error(f"'**' would build a number of about {abs(left).bit_length() * right:,} bits")
+    elif operator == "+" and isinstance(left, (str, list, tuple)) \
+            and isinstance(right, (str, list, tuple)) and len(left) + len(right) > MAX_OUTPUT_CHARS:
+        raise error(f"'+' would build {len(left) + len(right):,} items")
+
+
+_WIDE_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
+# the width and precision of a %-conversion or a {}-field, where a template could ask for many
+_FORMAT_WIDTHS = re.compile(r"%[-#0 +]*(\d*)(?:\.(\d*))?|\{[^{}]*?:[^{}]*?(\d+)")
+
+
+def _check_widths(fmt: str | None, args: tuple, error: type[Exception]) -> None:
+    """Refuse an integer argument, or a width in the format string ``fmt``, above
+    :data:`MAX_OUTPUT_CHARS`: ``center(10**10)`` and ``'%999999999s'`` would build that many
+    characters before the output's cap is checked."""
+    widths = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+    if fmt is not None:
+        widths += [int(n) for match in _FORMAT_WIDTHS.findall(fmt) for n in match if n]
+    if any(abs(w) > MAX_OUTPUT_CHARS for w in widths):
+        raise error(f"a width of {max(abs(w) for w in widths):,} characters")
+
+
+def _bounded(function, formats: bool, error: type[Exception]):
+    """A Jinja filter whose integer arguments (and, for ``format``, its format string's
+    widths) are checked by :func:`_check_widths` first."""
+    def bounded(value: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_widths(value if formats and isinstance(value, str) else None,
+                      (*args, *kwargs.values()), error)
+        return function(value, *args, **kwargs)
+    if hasattr(function, "jinja_pass_arg"):  # wordwrap takes the environment first
+        bounded.jinja_pass_arg = function.jinja_pass_arg
+    return bounded
 
 
 def _one_line(text: str) -> str:
@@ -372,3 +420,17 @@ def _special_tokens(loaded: Loaded, folder_config: dict | None) -> tuple[str | N
             value = None if i is None else (tok.decode([i], skip_special=False) or None)
         found.append(value)
     return found[0], found[1]
+
+
+def stop_token_ids(tokenizer, stops: list[str]) -> set[int]:
+    """The ids that end a reply: the tokenizer's eos, and each stop string that is one token
+    of its own (a template's end of turn such as ``<|im_end|>`` or ``<|eot_id|>``, which text
+    decoded without special tokens never shows); never ``<unk>``, which a word tokenizer gives
+    for any unknown string."""
+    found = {tokenizer.eos_id}
+    for stop in stops:
+        ids = tokenizer.encode(stop)
+        if len(ids) == 1 and tokenizer.decode(ids, skip_special=False) == stop:
+            found.add(ids[0])
+    found.discard(None)
+    return found

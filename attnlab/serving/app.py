@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab.errors import BadInput
+from attnlab.generation.chat import stop_token_ids
 from attnlab.serving import protocol as api
 from attnlab.serving.engine import Engine
 from attnlab.serving.engine import Request as EngineRequest
@@ -57,6 +58,25 @@ class Service:
     _encode_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+class _ApiKey:
+    """Every HTTP request must send ``Authorization: Bearer <key>`` (401 otherwise). A plain
+    ASGI middleware: Starlette's ``BaseHTTPMiddleware`` would wrap the request's messages so
+    that a route no longer sees its client disconnect."""
+
+    def __init__(self, app, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            sent = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(sent, self.expected):
+                error = api.ApiError(401, "a missing or wrong API key: send the header "
+                                          "'Authorization: Bearer <key>'", code="invalid_api_key")
+                await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(service: Service, api_key: str | None = None) -> FastAPI:
     """The FastAPI application serving ``service``; with ``api_key``, every request must send
     ``Authorization: Bearer <api_key>`` (401 otherwise)."""
@@ -69,15 +89,8 @@ def create_app(service: Service, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="attnlab", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
 
-    @app.middleware("http")
-    async def authorise(request: Request, call_next):
-        if api_key is not None:
-            sent = request.headers.get("authorization", "")
-            if not hmac.compare_digest(sent.encode(), f"Bearer {api_key}".encode()):
-                error = api.ApiError(401, "a missing or wrong API key: send the header "
-                                          "'Authorization: Bearer <key>'", code="invalid_api_key")
-                return JSONResponse(error.body(), status_code=401)
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(_ApiKey, key=api_key)
 
     @app.exception_handler(api.ApiError)
     async def api_error(request: Request, error: api.ApiError):
@@ -101,7 +114,7 @@ def create_app(service: Service, api_key: str | None = None) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = api.parse_body(await request.body())
+        body = await _body(request)
         api.check_model(body, service.name)
         prompts = _prompts(body.get("prompt"), service.tokenizer)
         sampling = api.Sampling.from_body(body, 16, service.token_limit)
@@ -109,7 +122,7 @@ def create_app(service: Service, api_key: str | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = api.parse_body(await request.body())
+        body = await _body(request)
         api.check_model(body, service.name)
         if service.template is None:
             raise api.ApiError(400, f"'{service.name}' has no chat template (start the server "
@@ -129,11 +142,19 @@ def create_app(service: Service, api_key: str | None = None) -> FastAPI:
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
-        body = api.parse_body(await request.body())
+        body = await _body(request)
         api.check_model(body, service.name)
         return await _embed(service, body)
 
     return app
+
+
+async def _body(request: Request) -> dict:
+    """The request's JSON object, its size checked before and while it is read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > api.MAX_BODY:
+        raise api.too_large(int(declared))
+    return api.parse_body(await api.read_body(request.stream()))
 
 
 def _prompts(prompt, tokenizer) -> list[list[int]]:
@@ -186,7 +207,9 @@ async def _complete(request: Request, service: Service, prompts: list[list[int]]
     events: asyncio.Queue = asyncio.Queue()
     tok = service.tokenizer
     decode = tok.decode
-    eos = () if tok.eos_id is None else (tok.eos_id,)
+    # the end token, and a stop string that is one special token (a chat template's end of
+    # turn, <|eot_id|>): decoded text skips special tokens, so those stop by their id
+    eos = tuple(sorted(stop_token_ids(tok, sampling.stop)))
     deadline = time.monotonic() + service.request_timeout
     streams, handles, prompt_of = [], [], []
     begun, ticks = time.perf_counter(), []
@@ -243,10 +266,15 @@ async def _complete(request: Request, service: Service, prompts: list[list[int]]
 
     if not sampling.stream:
         try:
+            looked = time.monotonic()
             while None in finishes:
                 try:
                     take(await asyncio.wait_for(events.get(), timeout=0.5))
-                except asyncio.TimeoutError:  # nothing yet: is the client still there?
+                except asyncio.TimeoutError:
+                    pass
+                # is the client still there? every half second, whether tokens come or not
+                if time.monotonic() - looked >= 0.5:
+                    looked = time.monotonic()
                     if await request.is_disconnected():
                         done(499)
                         return Response(status_code=499)

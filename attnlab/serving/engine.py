@@ -23,6 +23,7 @@ Everything that touches the model runs on the engine's one thread; other threads
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -150,30 +151,46 @@ class Engine:
                         break
                     room = self.max_batch - len(self._rows)
                     joining, self._waiting = self._waiting[:room], self._waiting[room:]
-                try:
-                    joining = [h for h in joining if not h.cancelled]
-                    if joining:
+                joining = [h for h in joining if not h.cancelled]
+                if joining:
+                    try:  # a prompt that fails (out of memory) ends its own requests only
                         self._join(joining)
+                    except Exception as e:
+                        self._fail(e, [h for h in joining
+                                       if all(r.handle is not h for r in self._rows)])
+                try:
                     if self._rows:
                         self._step()
                 except Exception as e:  # a bug: end every request rather than hang them
-                    self._fail(e)
-        self._end_all("cancelled")
+                    self._fail(e, self._take_all())
+        self._finish(self._take_all(), "cancelled")
 
-    def _fail(self, error: Exception) -> None:
+    def _fail(self, error: Exception, handles: list[Handle]) -> None:
         import traceback
 
         traceback.print_exception(error)
-        self._end_all("error")
+        self._finish(handles, "error")
 
-    def _end_all(self, finish: str) -> None:
+    def _take_all(self) -> list[Handle]:
+        """Every request in flight or waiting, which the engine then forgets."""
         with self._wake:
             handles = [r.handle for r in self._rows] + self._waiting
             self._rows, self._waiting = [], []
         self._cache = self._mask = self._last = None
+        return handles
+
+    @staticmethod
+    def _finish(handles: list[Handle], finish: str) -> None:
+        """Tell each of ``handles`` it ended with ``finish``; a failing callback stops no
+        other."""
+        import traceback
+
         for h in handles:
             if not h.cancelled:
-                h.request.on_tokens([], finish)
+                try:
+                    h.request.on_tokens([], finish)
+                except Exception as e:
+                    traceback.print_exception(e)
 
     def _join(self, handles: list[Handle]) -> None:
         """Prefill the new prompts (left-padded together), choose their first tokens, and put
@@ -294,5 +311,6 @@ class Engine:
 def _generator(request: Request, device: torch.device) -> torch.Generator | None:
     if request.temperature <= 0:
         return None
-    seed = request.seed if request.seed is not None else torch.seed()
+    # a fresh seed without reseeding the process's own generator
+    seed = request.seed if request.seed is not None else secrets.randbits(63)
     return torch.Generator(device=device).manual_seed(seed)

@@ -19,6 +19,7 @@ from typing import Any
 MAX_BODY = 1 << 20  # bytes of JSON a request may send (a long prompt is ~100 KB)
 MAX_N = 8  # choices a request may ask for
 MAX_STOPS = 4  # stop strings, as OpenAI allows
+MAX_STOP_CHARS = 256  # each; a stop string is looked for at every token
 
 
 class ApiError(Exception):
@@ -35,15 +36,35 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
+def too_large(size: int | str) -> ApiError:
+    return ApiError(413, f"the request body of {size} bytes exceeds the limit of {MAX_BODY} "
+                         "bytes", code="request_too_large")
+
+
+async def read_body(chunks) -> bytes:
+    """The body from ``chunks`` (Starlette's ``request.stream()``), read no further than
+    :data:`MAX_BODY` + 1 bytes: a 413 :class:`ApiError` past it, whatever Content-Length
+    said (the caller refuses a declared length over the limit before reading)."""
+    parts, size = [], 0
+    async for part in chunks:
+        size += len(part)
+        if size > MAX_BODY:
+            raise too_large(f"more than {MAX_BODY}")
+        parts.append(part)
+    return b"".join(parts)
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The JSON object of a request body, or a 400/413 :class:`ApiError`."""
     if len(raw) > MAX_BODY:
-        raise ApiError(413, f"the request body of {len(raw)} bytes exceeds the limit of "
-                            f"{MAX_BODY} bytes", code="request_too_large")
+        raise too_large(len(raw))
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e})",
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (JSONDecodeError is one)
+        # RecursionError: nesting deeper than the parser's stack; ValueError also covers an
+        # integer of more than 4,300 digits
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise ApiError(400, f"the request body is not valid JSON ({reason})",
                        code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
@@ -92,9 +113,9 @@ class Sampling:
         elif isinstance(stop, str):
             stop = [stop]
         if (not isinstance(stop, list) or len(stop) > MAX_STOPS
-                or not all(isinstance(s, str) and s for s in stop)):
-            raise ApiError(400, f"'stop' must be a non-empty string or a list of at most "
-                                f"{MAX_STOPS} of them", param="stop")
+                or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)):
+            raise ApiError(400, f"'stop' must be a string of 1 to {MAX_STOP_CHARS} characters "
+                                f"or a list of at most {MAX_STOPS} of them", param="stop")
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(400, "'stream' must be true or false", param="stream")
@@ -201,7 +222,7 @@ class TextStream:
             full = full[:hit]
         elif not final:
             full = full.rstrip("\ufffd")
-            hold = max((k for s in self.stops for k in range(1, len(s))
+            hold = max((k for s in self.stops for k in range(1, min(len(s), len(full) + 1))
                         if full.endswith(s[:k])), default=0)
             full = full[: len(full) - hold]
         if len(full) <= len(self.text) or not full.startswith(self.text):

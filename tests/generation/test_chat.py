@@ -16,6 +16,7 @@ from attnlab.generation.chat import (
     ChatTemplate,
     chat_template_for,
     check_messages,
+    stop_token_ids,
 )
 from attnlab.storage import Loaded
 from attnlab.tokenizers.bpe import BPETokenizer
@@ -161,9 +162,40 @@ def one_line_bad_input(source: str, messages=CONVERSATION, **kwargs) -> str:
     "{{ namespace(_hidden=1) }}",
     "{{ 'x' * 10**9 }}",  # memory
     "{{ 7 ** (10 ** 9) }}",  # time
+    # widths that build a huge string before the output's cap is looked at
+    "{{ 'x'|center(10**10) }}",
+    "{{ 'x'.ljust(10**10) }}",
+    "{{ 'x'|indent(10**10) }}",
+    "{{ '%999999999s'|format('x') }}",
+    "{{ '{:999999999}'.format(1) }}",
+    "{{ {'a': 1}|tojson(indent=10**10) }}",
+    # doubling, by '+' or in a namespace
+    "{% set ns = namespace(x='ab') %}{% for i in range(40) %}{% set ns.x = ns.x + ns.x %}"
+    "{% endfor %}{{ ns.x|length }}",
+    "{% set ns = namespace(x='ab') %}{% for i in range(40) %}{% set ns.x = ns.x ~ ns.x %}"
+    "{% endfor %}{{ ns.x|length }}",
 ])
 def test_the_sandbox_refuses_python_internals_and_bombs(source):
     assert "line 1: unsafe template" in one_line_bad_input(source)
+
+
+@pytest.mark.parametrize("source, want", [
+    ("{{ 'ab'|center(6) }}|{{ 'ab'.rjust(4) }}|{{ 'a'|indent(2, true) }}", "  ab  |  ab|  a"),
+    ("{{ '%5s'|format('x') }}|{{ '{:>4}'.format('x') }}", "    x|   x"),
+    ("{{ 'a' + 'b' }}{{ 1 + 2 }}{% set ns = namespace(x='c') %}{% set ns.x = ns.x + 'd' %}"
+     "{{ ns.x }}", "ab3cd"),
+])
+def test_the_bounded_filters_and_operators_still_work(source, want):
+    assert ChatTemplate(source, "t").render(CONVERSATION, add_generation_prompt=False) == want
+
+
+def test_stop_token_ids_are_eos_and_stop_strings_of_one_special_token():
+    tok = tokenizer()  # <unk> 0, <|im_start|> 1 (bos), <|im_end|> 2 (eos)
+    im_start = tok.encode("<|im_start|>")
+    assert im_start == [1]
+    # a one-token special stop adds its id; text of several tokens and <unk> do not
+    assert stop_token_ids(tok, ["<|im_start|>", "ab", "<unk>"]) == {2, 1}
+    assert stop_token_ids(tok, []) == {2}
 
 
 def test_raise_exception_names_the_template_line_and_message():

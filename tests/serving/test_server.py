@@ -225,20 +225,68 @@ def test_bad_requests_get_openai_error_objects(server):
         client.chat.completions.create(model="tiny", messages=[{"role": "user"}])
     r = httpx.get(f"{server.url}/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()
+    with pytest.raises(openai.BadRequestError, match="'stop' must be a string of 1 to 256"):
+        client.completions.create(model="tiny", prompt="hi", stop="x" * 257)
 
 
-def test_a_client_that_goes_away_frees_its_row(server):
+def _post(server, content):
+    return httpx.post(f"{server.url}/v1/completions", content=content,
+                      headers={"content-type": "application/json"})
+
+
+def test_bodies_too_large_or_too_deep_are_refused_with_error_objects(server):
+    from attnlab.serving.protocol import MAX_BODY
+
+    def chunks():  # no Content-Length: the server must count while it reads
+        for _ in range(MAX_BODY // 65536 + 2):
+            yield b" " * 65536
+
+    r = _post(server, chunks())
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        # a declared length over the limit is refused before a byte of the body is sent
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % (10 * MAX_BODY))
+        reply = b""
+        while b'"code"' not in reply and (part := sock.recv(65536)):  # headers, then body
+            reply += part
+        reply = reply.decode()
+    assert reply.startswith("HTTP/1.1 413") and "10485760 bytes" in reply, reply
+    for body, why in ((b"[" * 200_000, "nested too deeply"), (b"1" * 5000, "digits")):
+        r = _post(server, body)
+        assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+    assert server.client().completions.create(model="tiny", prompt="the", max_tokens=2)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_frees_its_row(server, monkeypatch, stream):
+    """Each step is slowed to 25 ms, so the 80 tokens asked for would take 2 s: the row must
+    end soon after the client leaves (a streamed one after its first chunk, the other when
+    its read times out at 0.3 s), long before its last token."""
     engine = server.service.engine
+    step = engine._step
+
+    def slow_step():
+        time.sleep(0.025)
+        step()
+
+    monkeypatch.setattr(engine, "_step", slow_step)
+    before = engine.steps
     body = {"model": "tiny", "prompt": "the", "max_tokens": 80, "temperature": 0,
-            "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
-        lines = r.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))
+            "stream": stream, "stop": "never said"}
+    if stream:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+    else:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.3)
     deadline = time.monotonic() + 10
     while engine.busy:
-        assert time.monotonic() < deadline, "the row of a closed stream kept decoding"
+        assert time.monotonic() < deadline, "the row of a closed request kept decoding"
         time.sleep(0.05)
     steps = engine.steps
+    assert steps - before < 60, f"{steps - before} steps: the row ran on after its client left"
     time.sleep(0.3)
     assert engine.steps == steps
 
