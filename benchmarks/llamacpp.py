@@ -87,8 +87,12 @@ def llamacpp_worker(path: str, kind: str, threads: int, new: int, prefill: int) 
     llm.reset()
     llm.eval(prompt)
     ids, ticks = [], []
+    vocab = llm.n_vocab()
     for _ in range(new):
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # the last position's logits as llama.cpp left them (llm.scores is filled only with
+        # logits_all=True in llama-cpp-python 0.3, which would copy every position's)
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
+        token = int(np.argmax(logits))
         ids.append(token)
         ticks.append(time.perf_counter())
         llm.eval([token])

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from attnlab.cli.common import (
-    StopStream,
     UsageError,
     add_decoding_args,
     add_model_arg,
@@ -33,6 +32,7 @@ from attnlab.cli.common import (
     warn_unknown,
 )
 from attnlab.errors import BadInput
+from attnlab.generation.text_stream import StopStream
 
 COMMANDS_HELP = ("/reset (forget the conversation), /system TEXT (a new system message; "
                  "forgets the conversation), /exit")

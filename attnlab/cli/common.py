@@ -282,61 +282,6 @@ def sampling_seed(args: argparse.Namespace) -> int:
     return seed or 0
 
 
-class StopStream:
-    """``generate``'s ``on_token``: writes the text of the new tokens to ``out`` as it grows,
-    and stops at the first of ``stop_ids`` or ``stops`` (strings), neither of which is written.
-
-    Text that may still change is held back until a later token settles it: a stop string's
-    beginning at the end (``<|im_`` before ``end|>``) and an unfinished UTF-8 character (a
-    byte-level token may end inside one; it decodes to U+FFFD). :meth:`finish` writes what is
-    left and returns the reply. ``ticks`` holds when each new token was ready, for
-    :func:`timing_line`. ``skip_special=False`` keeps special tokens in the text, so a stop
-    string such as ``<|eot_id|>`` is seen."""
-
-    def __init__(self, tokenizer, stops=(), stop_ids=(), out=None, skip_special: bool = True):
-        self.tokenizer, self.skip_special = tokenizer, skip_special
-        self.stops = [s for s in stops if s]
-        self.stop_ids = set(stop_ids)
-        self.out = sys.stdout if out is None else out
-        self.text = ""  # the reply so far, the stop excluded
-        self.written = ""
-        self.stopped = False
-        self.ticks: list[float] = []
-
-    def __call__(self, new_ids) -> bool:
-        import time
-
-        self.ticks.append(time.perf_counter())
-        ids = new_ids[0].tolist()
-        cut = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
-        if cut is not None:
-            ids, self.stopped = ids[:cut], True
-        text = self.tokenizer.decode(ids, skip_special=self.skip_special)
-        hit = min((text.find(s) for s in self.stops if s in text), default=-1)
-        if hit >= 0:
-            text, self.stopped = text[:hit], True
-        self.text = text
-        self._write(text if self.stopped else text[:len(text) - self._unsettled(text)])
-        return self.stopped
-
-    def _unsettled(self, text: str) -> int:
-        """How many characters at the end of ``text`` may still change."""
-        partial = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])),
-                      default=0)
-        return max(partial, len(text) - len(text.rstrip("\ufffd")))
-
-    def _write(self, text: str) -> None:
-        if len(text) > len(self.written):  # (held-back text is never shorter than written)
-            self.out.write(text[len(self.written):])
-            self.out.flush()
-            self.written = text
-
-    def finish(self) -> str:
-        """Write the rest of the reply (what was held back); return the whole reply."""
-        self._write(self.text)
-        return self.text
-
-
 # --- the report after training ---------------------------------------------------------------
 def report_run(out: str | Path, history: list[dict], what: str = "validation loss",
                lines: list[str] | tuple[str, ...] = (), where: str | None = None) -> None:

@@ -15,9 +15,13 @@ def cmd_export_gguf(args: argparse.Namespace) -> None:
 
     if not str(args.out).endswith(".gguf"):
         raise UsageError(f"--out {args.out}: a GGUF file's name ends in .gguf")
+    from attnlab.generation.chat import template_source
+
     loaded = load(args.model).expect("decoder", "export gguf")
-    path = save_gguf(loaded.model, loaded.tokenizer, args.out, args.type)
-    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, matrices in {args.type})")
+    template = template_source(loaded.path)  # the chat template travels with the model
+    path = save_gguf(loaded.model, loaded.tokenizer, args.out, args.type, template)
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, matrices in {args.type}"
+          f"{', with its chat template' if template else ''})")
 
 
 def cmd_export_onnx(args: argparse.Namespace) -> None:

@@ -12,7 +12,6 @@ import sys
 import time
 
 from attnlab.cli.common import (
-    StopStream,
     UsageError,
     add_decoding_args,
     add_model_arg,
@@ -24,6 +23,7 @@ from attnlab.cli.common import (
     timing_line,
     warn_unknown,
 )
+from attnlab.generation.text_stream import StopStream
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

@@ -336,32 +336,44 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
 # --- where a model keeps its template ---------------------------------------------------------
 def chat_template_for(loaded: Loaded, override: str | os.PathLike | None = None) -> ChatTemplate:
     """The chat template of ``loaded``: the file ``override`` (``--chat-template FILE``), else
-    the model's own: a GGUF file's metadata ``tokenizer.chat_template``; a Hugging Face
-    folder's ``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template`` (a
-    string, or a list of ``{name, template}`` of which the one named ``default``). None: a
-    one-line MissingFile saying to pass ``--chat-template``. The bos and eos strings are the
-    tokenizer's (a folder's ``tokenizer_config.json`` names them first)."""
+    the model's own (:func:`template_source`). None: a one-line MissingFile saying to pass
+    ``--chat-template``. The bos and eos strings are the tokenizer's (a folder's
+    ``tokenizer_config.json`` names them first)."""
     folder_config = _tokenizer_config(loaded.path)
     bos, eos = _special_tokens(loaded, folder_config)
     if override is not None:
         return ChatTemplate(read_template(override), str(override), bos, eos)
-    path = Path(loaded.path)
+    found = _find_template(Path(loaded.path), folder_config)
+    if found is None:
+        raise MissingFile(f"{loaded.path}: the model has no chat template (GGUF metadata "
+                          "tokenizer.chat_template, chat_template.jinja or "
+                          "tokenizer_config.json); pass --chat-template FILE")
+    return ChatTemplate(*found, bos, eos)
+
+
+def template_source(path: str | os.PathLike) -> str | None:
+    """The Jinja text of the chat template that comes with the model at ``path`` (not
+    compiled), or None: a GGUF file's metadata ``tokenizer.chat_template``; a Hugging Face
+    folder's ``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template`` (a
+    string, or a list of ``{name, template}`` of which the one named ``default``)."""
+    found = _find_template(Path(path), _tokenizer_config(path))
+    return None if found is None else found[0]
+
+
+def _find_template(path: Path, folder_config: dict | None) -> tuple[str, str] | None:
+    """``(source, where it came from)`` of :func:`template_source`."""
     if path.suffix == ".gguf" and path.is_file():
         from attnlab.interop.gguf import metadata_string
 
         source = metadata_string(path, "tokenizer.chat_template")
         if source is not None:
-            return ChatTemplate(source, f"{path}: tokenizer.chat_template", bos, eos)
+            return source, f"{path}: tokenizer.chat_template"
     elif (path / "chat_template.jinja").is_file():
-        return ChatTemplate(read_template(path / "chat_template.jinja"),
-                            str(path / "chat_template.jinja"), bos, eos)
+        return read_template(path / "chat_template.jinja"), str(path / "chat_template.jinja")
     elif folder_config is not None and folder_config.get("chat_template") is not None:
         origin = f"{path / 'tokenizer_config.json'}: chat_template"
-        return ChatTemplate(_default_template(folder_config["chat_template"], origin), origin,
-                            bos, eos)
-    raise MissingFile(f"{path}: the model has no chat template (GGUF metadata "
-                      "tokenizer.chat_template, chat_template.jinja or tokenizer_config.json); "
-                      "pass --chat-template FILE")
+        return _default_template(folder_config["chat_template"], origin), origin
+    return None
 
 
 def read_template(path: str | os.PathLike) -> str:

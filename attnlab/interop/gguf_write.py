@@ -63,13 +63,17 @@ def _check_exportable(model, tokenizer) -> None:
                        f"model), not a {type(tokenizer).__name__}")
 
 
-def _vocab_and_merges(tokenizer) -> tuple[list[str], list[str], bool]:
-    """The token list (by id), the ``"a b"`` merges and whether digits are split one by one
-    (SmolLM's pre-tokenizer) of a byte-level BPE tokenizer."""
+def _vocab_and_merges(tokenizer) -> tuple[list[str], list[str], bool, set[int]]:
+    """The token list (by id), the ``"a b"`` merges, whether digits are split one by one
+    (SmolLM's pre-tokenizer) and the ids of the special tokens, of a byte-level BPE
+    tokenizer."""
     data = json.loads(tokenizer.backend.to_str())
     vocab = dict(data["model"]["vocab"])
+    special = set()
     for added in data.get("added_tokens", []):
         vocab[added["content"]] = added["id"]
+        if added.get("special", False):
+            special.add(added["id"])
     tokens = [None] * (max(vocab.values()) + 1)
     for token, i in vocab.items():
         tokens[i] = token
@@ -77,13 +81,17 @@ def _vocab_and_merges(tokenizer) -> tuple[list[str], list[str], bool]:
         raise BadInput("the tokenizer's ids have gaps: GGUF's token list cannot hold them")
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
     pre = json.dumps(data.get("pre_tokenizer"))
-    return tokens, merges, '"Digits"' in pre
+    return tokens, merges, '"Digits"' in pre, special
 
 
-def save_gguf(model, tokenizer, path: str | os.PathLike, type: str = "f32") -> Path:
+def save_gguf(model, tokenizer, path: str | os.PathLike, type: str = "f32",
+              chat_template: str | None = None) -> Path:
     """Write ``model`` (a Llama-architecture GPT) and ``tokenizer`` to the GGUF file ``path``
-    with its matrices in ``type`` (``f32``, ``f16``, ``q8_0`` or ``q4_1``); returns the path.
-    :func:`attnlab.interop.gguf.load_gguf` (and llama.cpp) read it back."""
+    with its matrices in ``type`` (``f32``, ``f16``, ``q8_0`` or ``q4_1``), and the
+    ``chat_template`` (Jinja text) when there is one; returns the path.
+    :func:`attnlab.interop.gguf.load_gguf` (and llama.cpp) read it back. The tokenizer's
+    special tokens are typed CONTROL, so that llama.cpp parses ``<|im_start|>`` in a prompt as
+    one token, as attnlab does."""
     try:
         import gguf
     except ImportError:
@@ -93,9 +101,12 @@ def save_gguf(model, tokenizer, path: str | os.PathLike, type: str = "f32") -> P
         raise BadInput(f"--type {type!r}: expected one of {', '.join(TYPES)}")
     _check_exportable(model, tokenizer)
     c, path = model.config, Path(path)
-    tokens, merges, digits = _vocab_and_merges(tokenizer)
+    tokens, merges, digits, special = _vocab_and_merges(tokenizer)
     if len(tokens) > c.vocab_size:
         raise BadInput(f"the tokenizer has {len(tokens)} tokens for a model of {c.vocab_size}")
+    kinds = gguf.TokenType
+    types = [kinds.CONTROL if i in special else kinds.NORMAL for i in range(len(tokens))]
+    types += [kinds.UNUSED] * (c.vocab_size - len(tokens))
     tokens += [f"<unused{i}>" for i in range(len(tokens), c.vocab_size)]
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     try:
@@ -105,7 +116,11 @@ def save_gguf(model, tokenizer, path: str | os.PathLike, type: str = "f32") -> P
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("smollm" if digits else "default")
         writer.add_token_list(tokens)
+        writer.add_token_types(types)
         writer.add_token_merges(merges)
+        writer.add_add_bos_token(False)  # as attnlab encodes: a prompt starts as written
+        if chat_template is not None:
+            writer.add_chat_template(chat_template)
         for name, value in (("bos", c.bos_id), ("eos", c.eos_id), ("pad", c.pad_id),
                             ("unk", c.unk_id)):
             if value is not None:

@@ -8,7 +8,7 @@
 
 Completions and chats go to one :class:`~attnlab.serving.engine.Engine`, which decodes every
 request in flight in one batch. A streamed response sends each piece of text as soon as it is
-safe (:class:`~attnlab.serving.protocol.TextStream`) in OpenAI's server-sent chunks, then
+safe (:class:`~attnlab.generation.text_stream.TextStream`) in OpenAI's server-sent chunks, then
 ``data: [DONE]``. A client that goes away, a stop string and the per-request time limit end
 the request's row in the engine at its next step.
 """
@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab.errors import BadInput
 from attnlab.generation.chat import stop_token_ids
+from attnlab.generation.text_stream import TextStream
 from attnlab.serving import protocol as api
 from attnlab.serving.engine import Engine
 from attnlab.serving.engine import Request as EngineRequest
@@ -229,7 +230,7 @@ async def _complete(request: Request, service: Service, prompts: list[list[int]]
                 for h in handles:
                     h.cancel()
                 raise api.ApiError(503, str(e), kind="server_error") from None
-            streams.append(api.TextStream(decode, sampling.stop))
+            streams.append(TextStream(decode, sampling.stop))
             prompt_of.append(p)
     rid = api.new_id("chatcmpl" if chat else "cmpl")
     finishes: list[str | None] = [None] * len(handles)

@@ -1,6 +1,6 @@
 """OpenAI's HTTP API as attnlab speaks it: requests checked field by field, responses and
-stream chunks in OpenAI's shapes, and text streamed without splitting a character or leaking
-part of a stop string.
+stream chunks in OpenAI's shapes (the text itself comes from
+:class:`~attnlab.generation.text_stream.TextStream`).
 
 A request body is untrusted input: its size is bounded before it is parsed, every field is
 checked for its type and range, and a problem becomes an OpenAI error object
@@ -196,36 +196,3 @@ def sse(data: dict[str, Any] | str) -> bytes:
     """A server-sent event: ``data: <json>`` and a blank line."""
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {text}\n\n".encode()
-
-
-# --- text ------------------------------------------------------------------------------------
-class TextStream:
-    """The text of a growing list of token ids, released piece by piece. A piece is held back
-    while it ends in a partial UTF-8 character (``\\ufffd``) or in what could be the start of
-    a stop string; :attr:`stopped` is set (and the text cut before it) when one appears."""
-
-    def __init__(self, decode, stops: list[str]):
-        self.decode, self.stops = decode, stops
-        self.ids: list[int] = []
-        self.text = ""  # released so far
-        self.stopped = False
-
-    def feed(self, ids: list[int], final: bool = False) -> str:
-        """Add ``ids``; the text that may be sent now (``final``: everything that is left)."""
-        self.ids.extend(ids)
-        if self.stopped:
-            return ""
-        full = self.decode(self.ids)
-        hit = min((full.find(s) for s in self.stops if s in full), default=-1)
-        if hit >= 0:
-            self.stopped = True
-            full = full[:hit]
-        elif not final:
-            full = full.rstrip("\ufffd")
-            hold = max((k for s in self.stops for k in range(1, min(len(s), len(full) + 1))
-                        if full.endswith(s[:k])), default=0)
-            full = full[: len(full) - hold]
-        if len(full) <= len(self.text) or not full.startswith(self.text):
-            return ""
-        piece, self.text = full[len(self.text):], full
-        return piece

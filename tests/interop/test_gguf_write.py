@@ -115,9 +115,24 @@ def test_q4_1_file_runs_on_its_own_4_bit_codes(llama, tmp_path):
 def test_export_command_then_generate_gives_the_same_text(llama, tmp_path, capsys):
     model, tok = llama
     folder = save_model_dir(tmp_path / "model", model, model.config, {"text": tok.to_dict()})
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    (folder / "chat_template.jinja").write_text(template)
     r = cli(capsys, "export", "gguf", "--model", folder, "--out", tmp_path / "m.gguf")
     assert r.code == 0, r.err
-    assert "wrote" in r.out and (tmp_path / "m.gguf").exists()
+    assert "with its chat template" in r.out and (tmp_path / "m.gguf").exists()
+    # the chat template travels; the special tokens are typed CONTROL for llama.cpp, the
+    # rest NORMAL (llama.cpp then reads "<eos>" in a prompt as one token, as attnlab does)
+    from gguf import GGUFReader, TokenType
+
+    from attnlab.generation.chat import template_source
+
+    assert template_source(tmp_path / "m.gguf") == template
+    field = GGUFReader(tmp_path / "m.gguf").fields["tokenizer.ggml.token_type"]
+    types = [int(field.parts[i][0]) for i in field.data]
+    control = {i for i, t in enumerate(types) if t == TokenType.CONTROL}
+    assert control == {tok.encode(s)[0] for s in ("<pad>", "<unk>", "<bos>", "<eos>")}
+    assert len(types) == model.config.vocab_size and types.count(TokenType.NORMAL) == \
+        len(types) - 4
     texts = []
     for source in (folder, tmp_path / "m.gguf"):
         r = cli(capsys, "generate", "--model", source, "--prompt", "the quick",

@@ -18,8 +18,8 @@ from attnlab.build import build_model
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
 from attnlab.generation.decoder_only import generate
+from attnlab.generation.text_stream import TextStream
 from attnlab.serving.engine import Engine, Request
-from attnlab.serving.protocol import TextStream
 
 FAMILIES = {
     "gpt2": dict(preset="gpt-mini"),
