@@ -26,6 +26,7 @@ from attnlab.cli.common import (
     add_runtime_args,
     announce,
     check_decoding_args,
+    compiled_step,
     decoding_runtime,
     sampling_seed,
     timing_line,
@@ -108,6 +109,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     chat.check()
     announce(args, loaded.path, device, what)
     generator = torch.Generator(device=device).manual_seed(sampling_seed(args))
+    compiled = compiled_step(args)  # on by default: a conversation pays for the compile
     while (line := _read_line()) is not None:
         text = line.strip()
         if not text:
@@ -126,18 +128,21 @@ def cmd_chat(args: argparse.Namespace) -> None:
             continue
         stream = StopStream(tok, stops, stop_ids, skip_special=False)
         begun = time.perf_counter()
+        compiled_before = 0.0 if compiled is None else compiled.compile_seconds
         try:
             generate(model, torch.tensor([ids], device=device), args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                      repetition_penalty=args.repetition_penalty, eos_id=tok.eos_id,
-                     generator=generator, on_token=stream)
+                     generator=generator, on_token=stream, compiled=compiled)
         except KeyboardInterrupt:  # Ctrl-C ends the reply, not the conversation
             print("\nattnlab chat: reply interrupted", file=sys.stderr)
         chat.turns.append({"role": "assistant", "content": stream.finish()})
         sys.stdout.write("\n")
         sys.stdout.flush()
         if not args.quiet:  # the load time counts once, on the first reply
-            print(timing_line(load_s, 0.0, len(ids), begun, stream.ticks), file=sys.stderr)
+            compile_s = 0.0 if compiled is None else compiled.compile_seconds - compiled_before
+            print(timing_line(load_s, compile_s, len(ids), begun, stream.ticks),
+                  file=sys.stderr)
             load_s = 0.0
 
 
@@ -182,7 +187,7 @@ def add_commands(sub) -> None:
     p.add_argument("--system", help="the system message")
     p.add_argument("--chat-template", metavar="FILE",
                    help="a Jinja chat template, instead of the model's own")
-    add_decoding_args(p, max_new_tokens=256,
+    add_decoding_args(p, max_new_tokens=256, compile=True,
                       length_help="the longest reply, in tokens (the conversation keeps that "
                                   "much of the context free, or half of it)")
     add_runtime_args(p)

@@ -18,6 +18,7 @@ from attnlab.cli.common import (
     add_runtime_args,
     announce,
     check_decoding_args,
+    compiled_step,
     decoding_runtime,
     sampling_seed,
     timing_line,
@@ -35,6 +36,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
     started = time.perf_counter()
 
     drafting = _check_drafting(args)
+    if drafting and args.compile:
+        raise UsageError("--compile compiles plain decoding's one-token step; drop it with "
+                         "--draft or --prompt-lookup")
     if args.draft_int4:  # PyTorch's 4-bit kernel is a CPU one
         args.device = "cpu" if args.device == "auto" else args.device
     device, precision, what = decoding_runtime(args)
@@ -69,6 +73,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     generator = torch.Generator(device=device).manual_seed(sampling_seed(args))
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
     stream = StopStream(tok, stops)  # its ticks: when each new token was ready
+    compiled = compiled_step(args)
+    if compiled is not None and context is not None and len(ids) + args.max_new_tokens > context:
+        print(f"attnlab generate: warning: --compile: {len(ids)} prompt tokens + "
+              f"{args.max_new_tokens} new exceed the model's context of {context}; decoding "
+              "eagerly (each step past it runs the last context tokens again)", file=sys.stderr)
 
     def stream_chunk(new_ids) -> bool:  # speculative steps bring several tokens: one by one,
         for n in range(len(stream.ticks) + 1, new_ids.shape[1] + 1):  # as plain decoding does
@@ -92,12 +101,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
     else:
         generate(model, prompt, args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-                 eos_id=eos, generator=generator, on_token=stream)
+                 eos_id=eos, generator=generator, on_token=stream, compiled=compiled)
     stream.finish()
     sys.stdout.write("\n")
     sys.stdout.flush()
     if not getattr(args, "quiet", False):
-        print(timing_line(loaded_in, 0.0, len(ids), begun, stream.ticks), file=sys.stderr)
+        compile_s = 0.0 if compiled is None else compiled.compile_seconds
+        print(timing_line(loaded_in, compile_s, len(ids), begun, stream.ticks), file=sys.stderr)
         if drafting:
             print(result.summary(), file=sys.stderr)
 

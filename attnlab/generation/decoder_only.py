@@ -11,11 +11,16 @@ row's first real token, as Hugging Face does.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from attnlab.errors import BadInput
 from attnlab.nn.layout import decoding_layout_
+
+if TYPE_CHECKING:
+    from attnlab.generation.compiled import CompiledStep
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
@@ -62,7 +67,8 @@ def check_decoding(ids: Tensor, max_new_tokens: int, temperature: float, top_k: 
 def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | None = None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              repetition_penalty: float = 1.0, eos_id: int | None = None,
-             generator: torch.Generator | None = None, on_token=None) -> Tensor:
+             generator: torch.Generator | None = None, on_token=None,
+             compiled: CompiledStep | None = None) -> Tensor:
     """``ids (batch, prompt_len)`` -> ``(batch, prompt_len + new)``; stops early when every row
     has produced ``eos_id``; finished rows are padded with ``eos_id``. The model sees at most
     ``model.config.context`` tokens (its trained ``block_size``, else ``max_len``): a longer
@@ -70,7 +76,11 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     as nanoGPT does; generation itself may run as long as asked. ``on_token(new)`` is
     called with the ``(batch, n_new)`` tokens so far after each step (streaming); returning
     True stops generation (stop strings). For fp32 on CPU, ``decoding_layout_(model)`` first
-    makes decoding faster; :func:`for_decoding` and the CLI do that."""
+    makes decoding faster; :func:`for_decoding` and the CLI do that.
+
+    ``compiled``: every token after the prompt's first runs through that compiled one-token
+    step against a static cache (``generation/compiled.py``), when prompt + output fit the
+    model's context (past it, nanoGPT's crop needs the eager path)."""
     check_decoding(ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty)
     model.eval()
     batch, prompt_len = ids.shape
@@ -79,7 +89,10 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     # once it would, each step runs the last `window` tokens again from position 0, uncached.
     window = model.config.context
     start = 0 if window is None else max(0, prompt_len - window)  # the window's first token
-    cache = model.new_cache(capacity=total if window is None else min(total, window))
+    use_static = compiled is not None and (window is None or total <= window)
+    # (a static cache is made from a growing one: no rolling cache for a sliding window then)
+    cache = model.new_cache(capacity=total if window is None else min(total, window),
+                            **({"rolling": False} if use_static else {}))
     mask = attention_mask
     if mask is not None:
         mask = torch.cat([mask.bool(), mask.new_ones(batch, max_new_tokens, dtype=torch.bool)], 1)
@@ -88,12 +101,21 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     length = prompt_len
     done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     step_input = ids[:, start:]
-    for _ in range(max_new_tokens):
+    static = None  # the compiled step's side, from the second new token on
+    for i in range(max_new_tokens):
         if window is not None and length - start > window:  # slide the window by one
             start, cache = length - window, None
             step_input = out[:, start:length]
-        logits = model(step_input, cache=cache,
-                       attention_mask=None if mask is None else mask[:, start:length])[:, -1]
+        if static is not None:
+            logits = static(model, step_input)
+        else:
+            logits = model(step_input, cache=cache,
+                           attention_mask=None if mask is None else mask[:, start:length])[:, -1]
+            if use_static and i + 1 < max_new_tokens:  # the prompt is in: on to the static cache
+                from attnlab.generation.compiled import StaticDecoding, capacity_for
+
+                static = StaticDecoding(compiled, cache, mask, length,
+                                        capacity_for(total - 1, window))
         logits = logits.float()
         if repetition_penalty != 1.0:
             logits = penalise_repeats(logits, out[:, :length], repetition_penalty)

@@ -123,8 +123,8 @@ def _explicit(
     weights = scores.softmax(dim=-1)
     if mask is not None:
         empty_rows = ~mask.any(dim=-1, keepdim=True)
-        # on CPU, look first: cheap (not while exporting a graph: it holds no values to see)
-        if mask.device.type != "cpu" or torch.compiler.is_exporting() or bool(empty_rows.any()):
+        # on CPU, look first: cheap (not in a compiled or exported graph: it has no values)
+        if mask.device.type != "cpu" or torch.compiler.is_compiling() or bool(empty_rows.any()):
             weights = weights.masked_fill(empty_rows, 0.0)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
@@ -148,9 +148,9 @@ def _fused(
         # Kernels disagree on what a fully masked row gives (NaN on some). Let such rows attend
         # everywhere, which is finite on every backend, and zero them afterwards. On CPU we
         # look first (no device sync to pay): usually there are none, and the zeroing pass
-        # would copy the whole output. An exported graph (ONNX) keeps both steps: it cannot look.
+        # would copy the whole output. A compiled or exported graph keeps both steps.
         empty_rows = ~mask.any(dim=-1, keepdim=True)
-        if (mask.device.type == "cpu" and not torch.compiler.is_exporting()
+        if (mask.device.type == "cpu" and not torch.compiler.is_compiling()
                 and not bool(empty_rows.any())):
             empty_rows = None
         else:

@@ -12,6 +12,10 @@ Speculative decoding feeds several guessed tokens at once and keeps only those t
 agrees with: :meth:`KVCache.truncate` (and :meth:`SelfAttentionCache.truncate`, every layer)
 forgets the positions of the rejected ones.
 
+A compiled decoding step wants the same shapes at every token: a :class:`StaticCache` holds
+each layer's keys and values in storage of a fixed capacity, the slot to write given by a
+tensor (``generation/compiled.py``).
+
 Sliding-window attention (Mistral: query i sees keys i − W < j ≤ i) never looks further back
 than W − 1 tokens, so a :class:`RollingKVCache` holds at most W entries: position p lives in
 slot p mod W, and each new token overwrites the one that just left every later window.
@@ -169,6 +173,62 @@ class SelfAttentionCache(list):
             layer.reorder(index)
 
 
+class StaticKVCache:
+    """One layer's keys and values in storage of a fixed size ``(batch, kv_heads, capacity,
+    d_k)``, position slot by slot, written where the owning :class:`StaticCache`'s ``slots``
+    tensor says. Every step then sees the same shapes and reads its slot from a tensor, so a
+    compiled one-token step (``torch.compile``) serves every token with no recompilation. The
+    attention reads all ``capacity`` slots; the step's mask hides those not written yet."""
+
+    static = False  # (a cross-attention cache is the other kind of "static")
+
+    def __init__(self, k: Tensor, v: Tensor, owner: StaticCache):
+        self.k, self.v, self.owner = k, v, owner
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``k, v (batch, kv_heads, new, d_k)`` into slots ``owner.slots (new,)``; return
+        the whole storage ``(batch, kv_heads, capacity, d_k)``."""
+        self.k.index_copy_(2, self.owner.slots, k)
+        self.v.index_copy_(2, self.owner.slots, v)
+        return self.k, self.v
+
+
+class StaticCache(list):
+    """A decoder-only stack's :class:`StaticKVCache` per layer, made from the growing cache that
+    the prompt filled (:meth:`from_cache`): slot p holds position p (left padding included).
+    ``slots`` is the slot the next token is written to, a ``(1,)`` tensor the decoding loop
+    advances in place. ``length`` is ``capacity − 1``: a stack computing a position bias
+    (ALiBi) for one query then spans all ``capacity`` slots, which equals the bias of the
+    written ones up to a constant per row, and softmax ignores a constant."""
+
+    def __init__(self, layers: list[tuple[Tensor, Tensor]], start: int):
+        super().__init__(StaticKVCache(k, v, self) for k, v in layers)
+        self.capacity = layers[0][0].shape[2]
+        self.slots = torch.tensor([start], device=layers[0][0].device)
+
+    @classmethod
+    def from_cache(cls, cache: SelfAttentionCache, capacity: int) -> StaticCache:
+        """The growing ``cache`` (``length`` positions, never a rolling one) copied into
+        storage of ``capacity`` slots, zero past its end (masked keys must not be NaN)."""
+        if any(isinstance(layer, RollingKVCache) for layer in cache):
+            raise ValueError("a static cache is made from a growing cache, not a rolling one")
+        n = cache.length
+        if capacity < n:
+            raise ValueError(f"a static cache of {capacity} slots cannot hold {n} positions")
+        layers = []
+        for layer in cache:
+            k, v = layer.k[:, :, :n], layer.v[:, :, :n]
+            big_k = k.new_zeros(*k.shape[:2], capacity, k.shape[3])
+            big_v = v.new_zeros(*v.shape[:2], capacity, v.shape[3])
+            big_k[:, :, :n], big_v[:, :, :n] = k, v
+            layers.append((big_k, big_v))
+        return cls(layers, n)
+
+    @property
+    def length(self) -> int:
+        return self.capacity - 1
+
+
 class LayerCache:
     """The caches of one encoder–decoder decoder layer: self- and cross-attention."""
 
@@ -197,4 +257,5 @@ class DecoderCache(list):
             layer.reorder(index)
 
 
-__all__ = ["KVCache", "RollingKVCache", "SelfAttentionCache", "LayerCache", "DecoderCache"]
+__all__ = ["KVCache", "RollingKVCache", "SelfAttentionCache", "StaticKVCache", "StaticCache",
+           "LayerCache", "DecoderCache"]

@@ -35,8 +35,8 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         # A clear error instead of an index assert; skipped on CUDA, where it would sync, and
-        # while exporting a graph (ONNX), which cannot raise.
-        if not ids.is_cuda and not torch.compiler.is_exporting() and ids.numel() and (
+        # in a compiled or exported graph (ONNX), which cannot raise.
+        if not ids.is_cuda and not torch.compiler.is_compiling() and ids.numel() and (
             int(ids.max()) >= self.vocab_size or int(ids.min()) < 0
         ):
             raise BadInput(

@@ -98,7 +98,7 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
                              persistent=False)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        if not torch.compiler.is_exporting() and positions.max() >= self.pe.shape[0]:
+        if not torch.compiler.is_compiling() and positions.max() >= self.pe.shape[0]:
             raise BadInput(
                 f"position {int(positions.max())} exceeds the encoding's max_len "
                 f"{self.pe.shape[0]}"
@@ -115,7 +115,7 @@ class LearnedPositionalEncoding(PositionalEncoding):
         nn.init.normal_(self.weight, std=0.02)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        if not torch.compiler.is_exporting() and positions.max() >= self.weight.shape[0]:
+        if not torch.compiler.is_compiling() and positions.max() >= self.weight.shape[0]:
             raise BadInput(
                 f"position {int(positions.max())} exceeds the "
                 f"{self.weight.shape[0]} learned positions"
@@ -171,7 +171,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
                                        *self._table(positions, int(positions.max()) + 1))
             cos, sin = (t.to(x.dtype) for t in self._dynamic_table[1:])
         else:
-            if not torch.compiler.is_exporting() and positions.max() >= self.cos.shape[0]:
+            if not torch.compiler.is_compiling() and positions.max() >= self.cos.shape[0]:
                 raise BadInput(
                     f"position {int(positions.max())} exceeds RoPE max_len {self.cos.shape[0]}"
                 )

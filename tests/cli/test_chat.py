@@ -25,7 +25,8 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
           "{{ END if m.role == 'assistant' else '<|im_end|>' }}\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 MAX_NEW = 12
-RUN = ("--max-new-tokens", MAX_NEW, "--device", "cpu", "--precision", "fp32")
+COMPILED = ("--max-new-tokens", MAX_NEW, "--device", "cpu", "--precision", "fp32")
+RUN = (*COMPILED, "--no-compile")  # the other tests skip the compile (seconds each)
 
 
 def tokenizer() -> BPETokenizer:
@@ -103,9 +104,11 @@ def timing_lines(err: str) -> list[str]:
 
 
 def test_each_reply_is_greedy_generate_and_joins_the_conversation(capsys, monkeypatch, model):
+    """With chat's default --compile: each reply equals eager greedy decoding; the first
+    reply's timing line counts the compile, the second's (same capacity bucket) none."""
     template = template_file(model.parent)
     r, calls = chat(capsys, monkeypatch, "hello there\nwhat next?\n", "--model", model,
-                    "--chat-template", template, "--system", "Be brief.", *RUN)
+                    "--chat-template", template, "--system", "Be brief.", *COMPILED)
     assert r.code == 0, r.err
     system = {"role": "system", "content": "Be brief."}
     first = [system, {"role": "user", "content": "hello there"}]
@@ -121,6 +124,8 @@ def test_each_reply_is_greedy_generate_and_joins_the_conversation(capsys, monkey
     tokens = [len(out) - len(prompt) for _, prompt, out in calls]
     assert [re.search(r"generated (\d+) tokens", t).group(1) for t in timing_lines(r.err)] \
         == [str(n) for n in tokens]
+    compiles = [float(re.search(r"compile ([\d.]+) s", t).group(1)) for t in timing_lines(r.err)]
+    assert compiles[0] > 0 and compiles[1] == 0
 
 
 def test_reset_and_system_start_the_conversation_again(capsys, monkeypatch, model):
@@ -206,7 +211,7 @@ def test_smollm2_reply_is_generate_on_the_rendered_prompt(capsys, monkeypatch):
         real_load(*a, **kw)) or loads[-1])
     r, calls = chat(capsys, monkeypatch, "What is 2 + 2?\n", "--model", "smollm2",
                     "--system", "Answer briefly.", "--max-new-tokens", 8, "--device", "cpu",
-                    "--precision", "fp32", "--quiet")
+                    "--precision", "fp32", "--quiet", "--no-compile")
     assert r.code == 0, r.err
     (model, prompt, out), tok = calls[0], loads[0].tokenizer
     theirs = transformers.PreTrainedTokenizerFast(

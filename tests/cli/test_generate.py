@@ -181,3 +181,25 @@ def test_the_timing_line_parses_and_counts_the_tokens(capsys, lm_run):
     assert float(load_s) > 0 and float(compile_s) == 0.0
     assert int(prompt) == 5 and int(generated) == 12  # characters: "to be"
     assert float(prompt_rate) > 0 and float(rate) > 0
+
+
+def test_without_compile_nothing_is_compiled_and_with_it_the_text_is_the_same(capsys, lm_run):
+    """``generate`` compiles nothing unless asked (dynamo's graph counter stays put); with
+    ``--compile`` the same greedy text, and the timing line holds the compile apart."""
+    from torch._dynamo.utils import counters
+
+    run = ("generate", "--model", lm_run, "--prompt", "to be", "--max-new-tokens", "10",
+           "--ignore-eos", "--device", "cpu", "--precision", "fp32")  # 15 of its 16 positions
+    graphs = counters["stats"]["unique_graphs"]
+    plain = cli(capsys, *run)
+    assert plain.code == 0, plain.err
+    assert counters["stats"]["unique_graphs"] == graphs
+    compiled = cli(capsys, *run, "--compile")
+    assert compiled.code == 0, compiled.err
+    assert compiled.out == plain.out
+    m = TIMING.fullmatch(compiled.err.splitlines()[-1])
+    assert m and float(m.group(2)) > 0 and int(m.group(5)) == 10, compiled.err
+    r = cli(capsys, *run, "--compile", "--prompt-lookup")
+    assert r.code == 2 and "--compile compiles plain decoding" in r.err
+    longer = cli(capsys, *run[:6], "12", *run[7:], "--compile")  # past the context: eager
+    assert longer.code == 0 and "exceed the model's context of 16; decoding eagerly" in longer.err
