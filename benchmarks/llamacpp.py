@@ -41,10 +41,14 @@ FILLER = ("The city grew on the banks of the river, where merchants met and trad
 
 
 # --- workers (each in its own process) -------------------------------------------------------
-def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int) -> dict:
+def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
+                   compile: bool = False) -> dict:
+    """``compile``: decode through the compiled one-token step (``generate --compile``); its
+    compile happens in the warm-up, outside the timed run, and is reported."""
     import torch
 
     import attnlab
+    from attnlab.generation.compiled import CompiledStep
     from attnlab.generation.decoder_only import for_decoding, generate
 
     torch.set_num_threads(threads)
@@ -55,20 +59,23 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int) -
     tok = loaded.tokenizer
     prompt = torch.tensor([tok.encode(PROMPT)])
     long = torch.tensor([(tok.encode(FILLER * 64))[:prefill]])
-    with torch.inference_mode():
-        generate(model, prompt, 4)  # warm-up: first calls allocate
+    compiled = CompiledStep() if compile else None
+    with torch.no_grad():  # (generate's own mode: a compiled graph is specialised to it)
+        generate(model, prompt, new, compiled=compiled)  # warm-up: allocations, the compile
         begun = time.perf_counter()
         model(long, cache=model.new_cache(prefill))
         prefill_s = time.perf_counter() - begun
         ticks = []
-        out = generate(model, prompt, new, on_token=lambda _: ticks.append(time.perf_counter()))
+        out = generate(model, prompt, new, on_token=lambda _: ticks.append(time.perf_counter()),
+                       compiled=compiled)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     weights += sum(b.numel() * b.element_size() for b in model.buffers())
     kv_dtype = torch.bfloat16 if int4 else torch.float32
     return dict(prompt=prompt[0].tolist(), ids=out[0, prompt.shape[1]:].tolist(),
                 prefill_tps=prefill / prefill_s, decode_tps=(new - 1) / (ticks[-1] - ticks[0]),
                 weight_bytes=weights, kv_bytes=_kv_bytes(model.config, kv_dtype.itemsize),
-                precision="int4 codes, bf16 activations" if int4 else precision)
+                precision=("int4 codes, bf16 activations" if int4 else precision)
+                + (f", compiled ({compiled.compile_seconds:.0f} s)" if compile else ""))
 
 
 def llamacpp_worker(path: str, kind: str, threads: int, new: int, prefill: int) -> dict:
@@ -153,9 +160,13 @@ def files(types: list[str], folder: Path) -> dict[str, Path]:
 
 
 def run_worker(engine: str, path: Path, kind: str, args) -> dict | None:
-    payload = json.dumps(dict(path=str(path), kind=kind, threads=args.threads,
-                              new=args.new_tokens, prefill=args.prefill))
-    done = subprocess.run([sys.executable, __file__, "--worker", engine, "--json", payload],
+    options = dict(path=str(path), kind=kind, threads=args.threads, new=args.new_tokens,
+                   prefill=args.prefill)
+    if engine == "attnlab-compiled":
+        options["compile"] = True
+    worker = "attnlab" if engine.startswith("attnlab") else engine
+    done = subprocess.run([sys.executable, __file__, "--worker", worker, "--json",
+                           json.dumps(options)],
                           capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         print(f"  {engine} on {kind} failed (exit {done.returncode}): "
@@ -171,7 +182,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prefill", type=int, default=512)
-    p.add_argument("--engines", nargs="+", default=["attnlab", "llamacpp"])
+    p.add_argument("--engines", nargs="+", default=["attnlab", "attnlab-compiled", "llamacpp"],
+                   choices=["attnlab", "attnlab-compiled", "llamacpp"],
+                   help="attnlab-compiled: generate --compile's one-token step")
     p.add_argument("--folder", default=str(ROOT / "runs" / "llamacpp"),
                    help="where the exported f32/f16/q8_0 files are kept")
     p.add_argument("--worker", choices=["attnlab", "llamacpp"], help=argparse.SUPPRESS)
@@ -193,7 +206,8 @@ def main() -> None:
     rows = []
     for kind, path in files(args.types, Path(args.folder)).items():
         results = {e: run_worker(e, path, kind, args) for e in args.engines}
-        ours, theirs = results.get("attnlab"), results.get("llamacpp")
+        ours = results.get("attnlab") or results.get("attnlab-compiled")
+        theirs = results.get("llamacpp")
         same = None
         if ours and theirs:
             same = next((i for i, (a, b) in enumerate(zip(ours["ids"], theirs["ids"], strict=True))
@@ -219,9 +233,10 @@ def main() -> None:
               f"{limit:.0f} | {100 * dec / limit:.0f}% | {same or '-'} |")
     by = {(k, e): d for k, e, _, _, d, *_ in rows}
     for kind in args.types:
-        if (kind, "attnlab") in by and (kind, "llamacpp") in by:
-            print(f"{kind}: attnlab decodes at {by[kind, 'attnlab'] / by[kind, 'llamacpp']:.2f}x "
-                  "llama.cpp's speed")
+        for ours in ("attnlab", "attnlab-compiled"):
+            if (kind, ours) in by and (kind, "llamacpp") in by:
+                print(f"{kind}: {ours} decodes at {by[kind, ours] / by[kind, 'llamacpp']:.2f}x "
+                      "llama.cpp's speed")
 
 
 if __name__ == "__main__":

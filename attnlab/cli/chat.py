@@ -33,7 +33,6 @@ from attnlab.cli.common import (
     warn_unknown,
 )
 from attnlab.errors import BadInput
-from attnlab.generation.text_stream import StopStream
 
 COMMANDS_HELP = ("/reset (forget the conversation), /system TEXT (a new system message; "
                  "forgets the conversation), /exit")
@@ -90,7 +89,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     import torch
 
     from attnlab.generation.chat import chat_template_for, stop_token_ids
-    from attnlab.generation.decoder_only import for_decoding, generate
+    from attnlab.generation.decoder_only import StopStream, for_decoding, generate
     from attnlab.storage import load
 
     started = time.perf_counter()

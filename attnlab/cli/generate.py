@@ -24,13 +24,12 @@ from attnlab.cli.common import (
     timing_line,
     warn_unknown,
 )
-from attnlab.generation.text_stream import StopStream
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab.generation.decoder_only import for_decoding, generate
+    from attnlab.generation.decoder_only import StopStream, for_decoding, generate
     from attnlab.storage import load
 
     started = time.perf_counter()

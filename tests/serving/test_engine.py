@@ -17,8 +17,7 @@ import torch
 from attnlab.build import build_model
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
-from attnlab.generation.decoder_only import generate
-from attnlab.generation.text_stream import TextStream
+from attnlab.generation.decoder_only import TextStream, generate
 from attnlab.serving.engine import Engine, Request
 
 FAMILIES = {
