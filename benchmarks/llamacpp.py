@@ -214,6 +214,10 @@ def main() -> None:
                          if a != b), len(ours["ids"]))
             same = f"{same}/{args.new_tokens}" + ("" if ours["prompt"] == theirs["prompt"]
                                                    else " (prompts differ)")
+        eager, compiled = results.get("attnlab"), results.get("attnlab-compiled")
+        if eager and compiled:  # the compiled step must not change a token
+            print(f"{kind}: attnlab compiled and eager give the same {args.new_tokens} tokens: "
+                  f"{compiled['ids'] == eager['ids']}", flush=True)
         for engine, r in results.items():
             if r is None:
                 continue
