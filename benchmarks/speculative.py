@@ -27,10 +27,13 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import time
 from functools import partial
 
 import torch
+
+# benchmarks/generation.py's timing: each method's best of the rounds, methods interleaved
+# (this script's folder is first on sys.path when it runs)
+from generation import best_interleaved  # noqa: E402
 from torch import nn
 
 import attnlab
@@ -64,17 +67,6 @@ def first_layers(model: nn.Module, n: int) -> nn.Module:
     draft.blocks = blocks
     draft.config = dataclasses.replace(model.config, n_decoder_layers=n)
     return draft
-
-
-def best_interleaved(runs: dict, repeats: int) -> tuple[dict, dict]:
-    """Each run's result and best wall time over ``repeats`` rounds, the runs alternating."""
-    outs, best = {}, dict.fromkeys(runs, float("inf"))
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            start = time.perf_counter()
-            outs[name] = fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return outs, best
 
 
 def main() -> None:
