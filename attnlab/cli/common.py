@@ -244,21 +244,27 @@ def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int, compile: 
                         "greedy decoding needs none)")
     p.add_argument("--int4", action="store_true",
                    help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=compile,
-                   help="decode each token after the prompt with a compiled one-token step "
+    add_compile_arg(p, compile)
+
+
+def add_compile_arg(p: argparse.ArgumentParser, default: bool = False) -> None:
+    """``--compile`` / ``--no-compile``: the compiled one-token step of a decoding command."""
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=default,
+                   help="decode each token after the first with a compiled one-token step "
                         "(torch.compile, a static KV cache): faster per token, after a "
                         "compile of tens of seconds on a CPU (less once inductor's cache on "
                         "disk is warm)")
 
 
-def compiled_step(args: argparse.Namespace):
-    """The :class:`~attnlab.generation.compiled.CompiledStep` that ``--compile`` asks for, or
-    None (nothing is compiled, nothing imported)."""
+def compiled_step(args: argparse.Namespace, encoder_decoder: bool = False):
+    """The :class:`~attnlab.generation.compiled.CompiledStep` that ``--compile`` asks for (of
+    the encoder–decoder's step with ``encoder_decoder``), or None (nothing is compiled,
+    nothing imported)."""
     if not args.compile:
         return None
-    from attnlab.generation.compiled import CompiledStep
+    from attnlab.generation.compiled import CompiledStep, encoder_decoder_token, one_token
 
-    return CompiledStep()
+    return CompiledStep(function=encoder_decoder_token if encoder_decoder else one_token)
 
 
 def decoding_runtime(args: argparse.Namespace) -> tuple[torch.device, str, str]:

@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING
 
 from attnlab.cli.common import (
     UsageError,
+    add_compile_arg,
     add_model_arg,
     add_out_arg,
     add_runtime_args,
     announce,
+    compiled_step,
     load_for,
     read_text_file,
     runtime,
@@ -72,7 +74,8 @@ def cmd_evaluate_translate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     with hardware.autocast(device, precision):
         hyps = translate(loaded.model, loaded.tokenizers["source"], target, src,
-                         batch_size=args.batch, beam_size=args.beam, alpha=args.alpha)
+                         batch_size=args.batch, beam_size=args.beam, alpha=args.alpha,
+                         compiled=compiled_step(args, encoder_decoder=True))
     seconds = time.perf_counter() - start
     n_tokens = sum(len(target.encode(h)) + 1 for h in hyps)  # + eos
     for line in text_scores(hyps, ref, args.lang):
@@ -296,6 +299,7 @@ def add_commands(sub) -> None:
     tr.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty α")
     tr.add_argument("--batch", type=int, default=64, help="sentences per batch")
     tr.add_argument("--limit", type=int, help="only the first N sentences")
+    add_compile_arg(tr)
     _add_lang(tr)
     add_out_arg(tr, "write the translations to this file")
     add_runtime_args(tr)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 
 from attnlab.cli.common import (
+    UsageError,
+    add_compile_arg,
     add_model_arg,
     add_runtime_args,
     announce,
+    compiled_step,
     load_for,
     texts,
     warn_unknown,
@@ -19,13 +22,16 @@ def cmd_translate(args: argparse.Namespace) -> None:
     from attnlab import hardware
     from attnlab.generation.translation import translate
 
+    if args.beam < 1:
+        raise UsageError(f"--beam must be >= 1, got {args.beam}")
     loaded, device, precision = load_for(args, "encoder-decoder")
     sentences = texts(args, required=False)
     warn_unknown(loaded.tokenizers["source"], sentences, "input")
     announce(args, loaded.path, device, precision)
     with hardware.autocast(device, precision):
         hyps = translate(loaded.model, loaded.tokenizers["source"], loaded.tokenizers["target"],
-                         sentences)
+                         sentences, beam_size=args.beam, alpha=args.alpha,
+                         compiled=compiled_step(args, encoder_decoder=True))
     for hyp in hyps:
         print(hyp)
 
@@ -35,5 +41,8 @@ def add_commands(sub) -> None:
                         description="Translate the given sentences, or stdin line by line.")
     add_model_arg(tr, "a translation run or checkpoint folder")
     tr.add_argument("text", nargs="*", help="sentences (default: read stdin)")
+    tr.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
+    tr.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty α")
+    add_compile_arg(tr)
     add_runtime_args(tr)
     tr.set_defaults(func=cmd_translate)

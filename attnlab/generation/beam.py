@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import BadInput
+from attnlab.generation.compiled import CompiledStep, DecoderSteps
 from attnlab.models import Transformer
 
 PENALTIES = ("gnmt", "average")
@@ -43,10 +44,11 @@ def length_penalty(length: int, alpha: float, kind: str = "gnmt") -> float:
 @torch.no_grad()
 def beam_search(model: Transformer, src_ids: Tensor, beam_size: int = 4, alpha: float = 0.6,
                 max_len: int | None = None, penalty: str = "gnmt",
-                return_scores: bool = False):
+                return_scores: bool = False, compiled: CompiledStep | None = None):
     """``src_ids (batch, src_len)`` -> ``tokens (batch, out_len)`` starting with bos, padded
     after eos (the layout of :func:`greedy_decode`); with ``return_scores`` also the
-    normalised score of each returned hypothesis ``(batch,)``."""
+    normalised score of each returned hypothesis ``(batch,)``. ``compiled``: every step after
+    the first runs through that compiled one-token step (``generation/compiled.py``)."""
     cfg, k, device = model.config, beam_size, src_ids.device
     if penalty not in PENALTIES:
         raise BadInput(f"unknown length penalty {penalty!r}; choose from {PENALTIES}")
@@ -65,9 +67,9 @@ def beam_search(model: Transformer, src_ids: Tensor, beam_size: int = 4, alpha: 
                                  device=device)
     offsets = torch.arange(batch, device=device)[:, None] * k
     ranks = torch.arange(2 * k, device=device)[None]
-    cache = model.new_cache(capacity=max_len)
+    steps = DecoderSteps(model, memory, src_mask, max_len, compiled)
     for length in range(1, max_len):  # ``length`` tokens generated after this step
-        logits = model.decode(tokens[:, -1:], memory, src_mask, cache=cache)[:, -1]
+        logits = steps(tokens[:, -1:])
         logits[:, cfg.pad_id] = float("-inf")  # padding is never a word of the output
         logp = logits.float().log_softmax(-1)  # (batch·k, V)
         vocab = logp.shape[-1]
@@ -100,7 +102,7 @@ def beam_search(model: Transformer, src_ids: Tensor, beam_size: int = 4, alpha: 
         running, pick = alive.topk(k, dim=1)
         order = (offsets + beam.gather(1, pick)).view(-1)  # rows of the previous step
         tokens = torch.cat([tokens[order], token.gather(1, pick).view(-1, 1)], dim=1)
-        cache.reorder(order)
+        steps.reorder(order)
 
     best = finished_scores.argmax(dim=1)
     out = finished_tokens[torch.arange(batch, device=device), best]

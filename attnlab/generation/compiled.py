@@ -1,4 +1,5 @@
-"""A compiled one-token decoding step for decoder-only models (gpt-fast's recipe).
+"""A compiled one-token decoding step (gpt-fast's recipe), for decoder-only models and for
+the encoder–decoder's greedy and beam search.
 
 Eager decoding runs the model's Python code at every token: a dozen small operations a layer,
 each dispatched on its own, with its own temporaries. For a small model on a CPU that overhead
@@ -17,9 +18,18 @@ count of its real tokens minus one, as :func:`~attnlab.generation.decoder_only.g
 counts positions under left padding, so the step computes what the eager step computes; a
 sliding window (Mistral) becomes a band over those counts.
 
-A capacity bucket keeps the number of compiled graphs small (one per batch size and bucket);
-inductor's caches persist on disk between runs, while Dynamo traces the step again in each
-process (the compile time the CLI reports).
+The encoder–decoder's step (:func:`encoder_decoder_token`) is the same idea with one
+position for the whole batch (target sequences are never left-padded): the slot is the
+position, the self-attention sees slots ≤ it, and the cross-attention reads the keys and
+values of the encoder output that the first, eager step computed. :class:`DecoderSteps`
+drives either path for :func:`~attnlab.generation.translation.greedy_decode` and
+:func:`~attnlab.generation.beam.beam_search`; beam search reorders the static cache's rows
+in place.
+
+A capacity bucket keeps the number of compiled graphs small (one per batch size and bucket;
+the encoder–decoder's also per source length, which ``translate`` pads to a multiple of
+:data:`SOURCE_BUCKET`); inductor's caches persist on disk between runs, while Dynamo traces
+the step again in each process (the compile time the CLI reports).
 """
 
 from __future__ import annotations
@@ -29,9 +39,10 @@ import time
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.cache import StaticCache
+from attnlab.nn.cache import DecoderCache, StaticCache, StaticDecoderCache
 
 BUCKET = 256  # capacities are multiples of this (or the model's context, when smaller)
+SOURCE_BUCKET = 32  # compiled translation pads source lengths to a multiple of this
 
 
 def capacity_for(total: int, context: int | None, bucket: int = BUCKET) -> int:
@@ -57,26 +68,57 @@ def one_token(model: nn.Module, token: Tensor, key_mask: Tensor, cache: StaticCa
     return model.lm_head(h[:, -1]).float()
 
 
-class CompiledStep:
-    """:func:`one_token` compiled with ``torch.compile`` (inductor's C++ backend on a CPU, Triton
-    on a GPU; ``backend`` picks another, e.g. ``"eager"`` in tests), with what compiling cost:
-    ``compile_seconds`` is the time of each new shape's first call (tracing, code generation
-    and that step), ``compiles`` how many there were. Shapes are static: a new batch size or
-    capacity compiles a new graph, a new token or position never does."""
+def encoder_decoder_token(model: nn.Module, token: Tensor, memory: Tensor, src_mask: Tensor,
+                          cache: StaticDecoderCache) -> Tensor:
+    """Float32 next-token logits ``(batch, tgt_vocab)`` of an encoder–decoder's ``token (batch,
+    1)`` at position ``cache.slots``, written into that slot; the self-attention sees the slots
+    up to it, the cross-attention ``memory (batch, src_len, d)`` where ``src_mask (batch, 1, 1,
+    src_len)`` allows (its keys and values already in the cache). What
+    :meth:`~attnlab.models.Transformer.decode` computes, with the position a tensor."""
+    positions = cache.slots  # (1,): every row's target position
+    positional = model.decoder_positional
+    y = positional.embed(model.tgt_embed(token), positions)
+    tgt_mask = (cache.key_positions <= positions).view(1, 1, 1, -1)  # the slots written so far
+    hidden = model.decoder(y, memory, tgt_mask=tgt_mask, memory_mask=src_mask,
+                           positional=positional, positions=positions, cache=cache)
+    if model.config.scale_tied_logits:  # T5 (see Transformer.decode)
+        hidden = hidden * model.config.d_model ** -0.5
+    return model.lm_head(hidden[:, -1]).float()
 
-    def __init__(self, backend: str = "inductor"):
-        self.function = torch.compile(one_token, backend=backend, dynamic=False, fullgraph=True)
+
+def _signature(model: nn.Module, args: tuple) -> tuple:
+    """What makes a new graph: the model, each tensor's shape, dtype and device, each cache's
+    capacity and storage dtype."""
+    parts: list = [id(model)]
+    for a in args:
+        if isinstance(a, Tensor):
+            parts.append((tuple(a.shape), a.dtype, a.device))
+        else:  # a static cache
+            first = a[0] if isinstance(a, StaticCache) else a[0].self_attn
+            parts.append((a.capacity, first.k.dtype, first.k.device))
+    return tuple(parts)
+
+
+class CompiledStep:
+    """A one-token step, :func:`one_token` by default (``function=encoder_decoder_token`` for
+    the encoder–decoder), compiled with ``torch.compile`` (inductor's C++ backend on a CPU,
+    Triton on a GPU; ``backend`` picks another, e.g. ``"eager"`` in tests), with what compiling
+    cost: ``compile_seconds`` is the time of each new shape's first call (tracing, code
+    generation and that step), ``compiles`` how many there were. Shapes are static: a new batch
+    size or capacity compiles a new graph, a new token or position never does."""
+
+    def __init__(self, backend: str = "inductor", function=one_token):
+        self.function = torch.compile(function, backend=backend, dynamic=False, fullgraph=True)
         self.compile_seconds = 0.0
         self.compiles = 0
         self._shapes: set[tuple] = set()
 
-    def __call__(self, model: nn.Module, token: Tensor, key_mask: Tensor,
-                 cache: StaticCache) -> Tensor:
-        shape = (id(model), tuple(token.shape), cache.capacity, token.device, cache[0].k.dtype)
+    def __call__(self, model: nn.Module, *args) -> Tensor:
+        shape = _signature(model, args)
         if shape in self._shapes:
-            return self.function(model, token, key_mask, cache)
+            return self.function(model, *args)
         begun = time.perf_counter()
-        logits = self.function(model, token, key_mask, cache)
+        logits = self.function(model, *args)
         self.compile_seconds += time.perf_counter() - begun
         self.compiles += 1
         self._shapes.add(shape)
@@ -112,4 +154,38 @@ class StaticDecoding:
         return logits
 
 
-__all__ = ["BUCKET", "CompiledStep", "StaticDecoding", "capacity_for", "one_token"]
+class DecoderSteps:
+    """An encoder–decoder's decoding, one new token a call, for greedy and beam search:
+    :meth:`~attnlab.models.Transformer.decode` against a growing cache, or, with ``compiled``
+    (a :class:`CompiledStep` of :func:`encoder_decoder_token`), the first call eager (it fills
+    the cross-attention keys and values) and every later one compiled against a static cache
+    of ``capacity_for(max_len)`` slots."""
+
+    def __init__(self, model: nn.Module, memory: Tensor, src_mask: Tensor, max_len: int,
+                 compiled: CompiledStep | None = None):
+        self.model, self.memory, self.src_mask = model, memory, src_mask
+        self.compiled, self.max_len = compiled, max_len
+        self.cache: DecoderCache | StaticDecoderCache = model.new_cache(capacity=max_len)
+        self.token: Tensor | None = None  # the compiled step's own input buffer
+
+    def __call__(self, token: Tensor) -> Tensor:
+        """Logits ``(batch, tgt_vocab)`` of ``token (batch, 1)``, the next position's input."""
+        if self.token is None:
+            logits = self.model.decode(token, self.memory, self.src_mask, cache=self.cache)
+            if self.compiled is not None:
+                capacity = capacity_for(self.max_len, self.model.config.max_len)
+                self.cache = StaticDecoderCache.from_cache(self.cache, capacity)
+                self.token = torch.zeros_like(token)
+            return logits[:, -1]
+        self.token.copy_(token)
+        logits = self.compiled(self.model, self.token, self.memory, self.src_mask, self.cache)
+        self.cache.slots += 1  # in place: the compiled graph reads the same tensor
+        return logits
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search's surviving hypotheses)."""
+        self.cache.reorder(index)
+
+
+__all__ = ["BUCKET", "SOURCE_BUCKET", "CompiledStep", "DecoderSteps", "StaticDecoding",
+           "capacity_for", "encoder_decoder_token", "one_token"]

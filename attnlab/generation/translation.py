@@ -15,18 +15,23 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import BadInput
+from attnlab.generation.compiled import SOURCE_BUCKET, CompiledStep, DecoderSteps
 from attnlab.models import Transformer
 from attnlab.tokenizers import Tokenizer, pad
 
 
 @torch.no_grad()
 def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = None,
-                  use_cache: bool = True, return_logits: bool = False):
+                  use_cache: bool = True, return_logits: bool = False,
+                  compiled: CompiledStep | None = None):
     """``src_ids (batch, src_len)`` -> ``tokens (batch, out_len)`` starting with bos.
 
     Finished rows are filled with pad after their eos. With ``return_logits`` also returns the
-    logits of each step ``(batch, out_len - 1, vocab)``.
+    logits of each step ``(batch, out_len - 1, vocab)``. ``compiled``: every step after the
+    first runs through that compiled one-token step (``generation/compiled.py``).
     """
+    if compiled is not None and not use_cache:
+        raise ValueError("a compiled step decodes with the cache (use_cache=True)")
     cfg = model.config
     batch = src_ids.shape[0]
     if max_len is None:
@@ -35,13 +40,15 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
     memory, src_mask = model.encode(src_ids)
     tokens = torch.full((batch, 1), cfg.bos_id, dtype=torch.long, device=src_ids.device)
     done = torch.zeros(batch, dtype=torch.bool, device=src_ids.device)
-    cache = model.new_cache(capacity=max_len) if use_cache else None
+    steps = DecoderSteps(model, memory, src_mask, max_len, compiled) if use_cache else None
     all_logits = []
     pad_column = torch.zeros(cfg.target_vocab_size, dtype=torch.bool, device=src_ids.device)
     pad_column[cfg.pad_id] = True  # padding is never a word of the output
     for _ in range(max_len - 1):
-        step_input = tokens[:, -1:] if use_cache else tokens
-        logits = model.decode(step_input, memory, src_mask, cache=cache)[:, -1]
+        if steps is not None:
+            logits = steps(tokens[:, -1:])
+        else:
+            logits = model.decode(tokens, memory, src_mask)[:, -1]
         if return_logits:
             all_logits.append(logits)
         next_token = logits.masked_fill(pad_column, float("-inf")).argmax(-1)
@@ -58,10 +65,11 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
 @torch.no_grad()
 def translate(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, sentences: list[str],
               batch_size: int = 256, max_len: int | None = None, beam_size: int = 1,
-              alpha: float = 0.6) -> list[str]:
+              alpha: float = 0.6, compiled: CompiledStep | None = None) -> list[str]:
     """Translations of ``sentences``: greedy (``beam_size=1``) or beam search with the GNMT
     length penalty α. Sentences are batched by length (less padding), answers keep the input
-    order."""
+    order. ``compiled``: decode with that compiled step; each batch's source is then padded
+    to a multiple of ``SOURCE_BUCKET`` tokens, so that few source lengths compile a graph."""
     model.eval()
     ids = [src_tok.encode(s, add_eos=True) for s in sentences]
     model.config.check_length(max(map(len, ids), default=0), "input")
@@ -71,12 +79,18 @@ def translate(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, senten
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         src = pad([ids[i] for i in chunk], model.config.pad_id).to(device)
+        limit = src.shape[1] + 50 if max_len is None else max_len  # before any padding
+        if compiled is not None:  # pad to the bucket (never past the model's length)
+            width = min(-(-src.shape[1] // SOURCE_BUCKET) * SOURCE_BUCKET, model.config.max_len)
+            src = torch.nn.functional.pad(src, (0, width - src.shape[1]),
+                                          value=model.config.pad_id)
         if beam_size == 1:
-            tokens = greedy_decode(model, src, max_len=max_len)
+            tokens = greedy_decode(model, src, max_len=limit, compiled=compiled)
         else:
             from attnlab.generation.beam import beam_search
 
-            tokens = beam_search(model, src, beam_size, alpha, max_len=max_len)
+            tokens = beam_search(model, src, beam_size, alpha, max_len=limit,
+                                 compiled=compiled)
         for i, row in zip(chunk, tokens.tolist(), strict=True):
             out[i] = tgt_tok.decode(row)
     return out

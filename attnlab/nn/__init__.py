@@ -9,6 +9,7 @@ from attnlab.nn.cache import (
     RollingKVCache,
     SelfAttentionCache,
     StaticCache,
+    StaticDecoderCache,
 )
 from attnlab.nn.embeddings import TokenEmbedding
 from attnlab.nn.feedforward import FeedForward
@@ -40,7 +41,8 @@ from attnlab.nn.relative import RelativePositionBias, relative_position_bucket
 __all__ = [
     "scaled_dot_product_attention", "causal_mask", "combine_masks", "lengths_mask",
     "padding_mask", "MultiHeadAttention", "KVCache", "LayerCache", "DecoderCache",
-    "SelfAttentionCache", "RollingKVCache", "StaticCache", "sliding_window_mask",
+    "SelfAttentionCache", "RollingKVCache", "StaticCache", "StaticDecoderCache",
+    "sliding_window_mask",
     "PositionalEncoding", "SinusoidalPositionalEncoding", "LearnedPositionalEncoding",
     "RotaryPositionalEncoding", "ALiBiPositionalEncoding", "NoPositionalEncoding",
     "alibi_slopes", "build_positional", "positions_from", "sinusoidal_table",

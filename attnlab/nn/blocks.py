@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
-from attnlab.nn.cache import DecoderCache, KVCache, LayerCache, SelfAttentionCache
+from attnlab.nn.cache import (
+    DecoderCache,
+    KVCache,
+    LayerCache,
+    SelfAttentionCache,
+    StaticDecoderCache,
+)
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.norms import Residual, build_norm
@@ -46,13 +52,13 @@ def _attention(config: ModelConfig) -> MultiHeadAttention:
 
 
 def _position_bias(positional: PositionalEncoding | None, positions: Tensor | None, new: int,
-                   cached: int) -> Tensor | None:
+                   cached: int, k_pos: Tensor | None = None) -> Tensor | None:
     """The score bias of the positions (ALiBi, T5's relative bias; None for the others),
     computed once per forward pass: every layer of a stack adds the same one. The keys are the
-    ``cached + new`` positions that end at the last query."""
+    ``cached + new`` positions that end at the last query, or ``k_pos`` when given."""
     if positional is None or positions is None:
         return None
-    return positional.attention_bias(positions, cached + new)
+    return positional.attention_bias(positions, cached + new, k_pos)
 
 
 def _residual(config: ModelConfig) -> Residual:
@@ -250,8 +256,10 @@ class Decoder(nn.Module):
         need_weights: bool = False,
     ) -> Tensor:
         """``y (batch, tgt_len, d)``, ``memory (batch, src_len, d)`` -> ``(batch, tgt_len, d)``."""
+        # a compiled step's static cache holds position j in slot j, whatever the query's
+        k_pos = cache.key_positions if isinstance(cache, StaticDecoderCache) else None
         bias = _position_bias(positional, positions, y.shape[1],
-                              0 if cache is None else cache.length)
+                              0 if cache is None else cache.length, k_pos)
         for i, layer in enumerate(self.layers):
             y = layer(y, memory, tgt_mask, memory_mask, is_causal, positional, positions,
                       None if cache is None else cache[i], need_weights, bias)

@@ -175,15 +175,29 @@ class SelfAttentionCache(list):
 
 class StaticKVCache:
     """One layer's keys and values in storage of a fixed size ``(batch, kv_heads, capacity,
-    d_k)``, position slot by slot, written where the owning :class:`StaticCache`'s ``slots``
-    tensor says. Every step then sees the same shapes and reads its slot from a tensor, so a
-    compiled one-token step (``torch.compile``) serves every token with no recompilation. The
-    attention reads all ``capacity`` slots; the step's mask hides those not written yet."""
+    d_k)``, position slot by slot, written where the owning cache's ``slots`` tensor says. Every
+    step then sees the same shapes and reads its slot from a tensor, so a compiled one-token
+    step (``torch.compile``) serves every token with no recompilation. The attention reads all
+    ``capacity`` slots; the step's mask hides those not written yet."""
 
     static = False  # (a cross-attention cache is the other kind of "static")
 
-    def __init__(self, k: Tensor, v: Tensor, owner: StaticCache):
+    def __init__(self, k: Tensor, v: Tensor, owner: StaticCache | StaticDecoderCache):
         self.k, self.v, self.owner = k, v, owner
+
+    @classmethod
+    def copy_of(cls, layer: KVCache, capacity: int,
+                owner: StaticCache | StaticDecoderCache) -> StaticKVCache:
+        """``layer``'s ``length`` positions in slots 0 .. length − 1 of new storage, zero past
+        them (masked keys must not be NaN)."""
+        n = layer.length
+        if capacity < n:
+            raise ValueError(f"a static cache of {capacity} slots cannot hold {n} positions")
+        k, v = layer.k[:, :, :n], layer.v[:, :, :n]
+        big_k = k.new_zeros(*k.shape[:2], capacity, k.shape[3])
+        big_v = v.new_zeros(*v.shape[:2], capacity, v.shape[3])
+        big_k[:, :, :n], big_v[:, :, :n] = k, v
+        return cls(big_k, big_v, owner)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write ``k, v (batch, kv_heads, new, d_k)`` into slots ``owner.slots (new,)``; return
@@ -192,41 +206,92 @@ class StaticKVCache:
         self.v.index_copy_(2, self.owner.slots, v)
         return self.k, self.v
 
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index``, in place: a compiled step keeps reading the same storage."""
+        _reorder_(self, index)
 
-class StaticCache(list):
-    """A decoder-only stack's :class:`StaticKVCache` per layer, made from the growing cache that
-    the prompt filled (:meth:`from_cache`): slot p holds position p (left padding included).
-    ``slots`` is the slot the next token is written to, a ``(1,)`` tensor the decoding loop
-    advances in place. ``length`` is ``capacity − 1``: a stack computing a position bias
-    (ALiBi) for one query then spans all ``capacity`` slots, which equals the bias of the
-    written ones up to a constant per row, and softmax ignores a constant."""
 
-    def __init__(self, layers: list[tuple[Tensor, Tensor]], start: int):
-        super().__init__(StaticKVCache(k, v, self) for k, v in layers)
-        self.capacity = layers[0][0].shape[2]
-        self.slots = torch.tensor([start], device=layers[0][0].device)
+def _reorder_(cache: KVCache | StaticKVCache, index: Tensor) -> None:
+    """Batch rows ``index`` of ``cache.k`` and ``cache.v``, written back into them."""
+    cache.k.copy_(cache.k.index_select(0, index))
+    cache.v.copy_(cache.v.index_select(0, index))
 
-    @classmethod
-    def from_cache(cls, cache: SelfAttentionCache, capacity: int) -> StaticCache:
-        """The growing ``cache`` (``length`` positions, never a rolling one) copied into
-        storage of ``capacity`` slots, zero past its end (masked keys must not be NaN)."""
-        if any(isinstance(layer, RollingKVCache) for layer in cache):
-            raise ValueError("a static cache is made from a growing cache, not a rolling one")
-        n = cache.length
-        if capacity < n:
-            raise ValueError(f"a static cache of {capacity} slots cannot hold {n} positions")
-        layers = []
-        for layer in cache:
-            k, v = layer.k[:, :, :n], layer.v[:, :, :n]
-            big_k = k.new_zeros(*k.shape[:2], capacity, k.shape[3])
-            big_v = v.new_zeros(*v.shape[:2], capacity, v.shape[3])
-            big_k[:, :, :n], big_v[:, :, :n] = k, v
-            layers.append((big_k, big_v))
-        return cls(layers, n)
+
+class _Slots:
+    """What both static caches share: ``capacity``, and ``slots``, the slot the next token is
+    written to, a ``(1,)`` tensor the decoding loop advances in place. ``length`` is
+    ``capacity − 1``, so that a stack sizing its position bias by ``length + 1`` keys spans
+    every slot."""
+
+    capacity: int
+    slots: Tensor
+
+    def _start(self, storage: Tensor, start: int) -> None:
+        self.capacity = storage.shape[2]
+        self.slots = torch.tensor([start], device=storage.device)
 
     @property
     def length(self) -> int:
         return self.capacity - 1
+
+
+class StaticCache(_Slots, list):
+    """A decoder-only stack's :class:`StaticKVCache` per layer, made from the growing cache that
+    the prompt filled (:meth:`from_cache`): slot p holds position p (left padding included).
+    A stack computing a position bias (ALiBi) for one query spans all ``capacity`` slots as if
+    they ended at the query, which equals the bias of the written ones up to a constant per
+    row, and softmax ignores a constant."""
+
+    @classmethod
+    def from_cache(cls, cache: SelfAttentionCache, capacity: int) -> StaticCache:
+        """The growing ``cache`` (``length`` positions, never a rolling one) copied into
+        storage of ``capacity`` slots."""
+        if any(isinstance(layer, RollingKVCache) for layer in cache):
+            raise ValueError("a static cache is made from a growing cache, not a rolling one")
+        static = cls()
+        static.extend(StaticKVCache.copy_of(layer, capacity, static) for layer in cache)
+        static._start(static[0].k, cache.length)
+        return static
+
+
+class StaticLayerCache:
+    """An encoder–decoder decoder layer's caches for a compiled step: self-attention in
+    static slots, cross-attention as the first (eager) step filled it."""
+
+    def __init__(self, self_attn: StaticKVCache, cross_attn: KVCache):
+        self.self_attn, self.cross_attn = self_attn, cross_attn
+
+    def reorder(self, index: Tensor) -> None:
+        self.self_attn.reorder(index)
+        _reorder_(self.cross_attn, index)
+
+
+class StaticDecoderCache(_Slots, list):
+    """An encoder–decoder's :class:`StaticLayerCache` per layer, made from the
+    :class:`DecoderCache` of the first decoding step (:meth:`from_cache`). Slot j holds
+    position j and ``key_positions`` says so (``(capacity,)``): T5's relative bias is not a
+    constant shift of the distance, so it needs each key's true position."""
+
+    key_positions: Tensor
+
+    @classmethod
+    def from_cache(cls, cache: DecoderCache, capacity: int) -> StaticDecoderCache:
+        if not all(layer.cross_attn.filled for layer in cache):
+            raise ValueError("a static decoder cache is made after the first decoding step")
+        static = cls()
+        for layer in cache:
+            cross = KVCache(static=True)
+            cross.k, cross.v, cross.length = layer.cross_attn.k, layer.cross_attn.v, \
+                layer.cross_attn.length
+            static.append(StaticLayerCache(
+                StaticKVCache.copy_of(layer.self_attn, capacity, static), cross))
+        static._start(static[0].self_attn.k, cache.length)
+        static.key_positions = torch.arange(capacity, device=static.slots.device)
+        return static
+
+    def reorder(self, index: Tensor) -> None:
+        for layer in self:
+            layer.reorder(index)
 
 
 class LayerCache:
@@ -258,4 +323,4 @@ class DecoderCache(list):
 
 
 __all__ = ["KVCache", "RollingKVCache", "SelfAttentionCache", "StaticKVCache", "StaticCache",
-           "LayerCache", "DecoderCache"]
+           "StaticLayerCache", "StaticDecoderCache", "LayerCache", "DecoderCache"]

@@ -31,6 +31,12 @@ def positions_from(offset: int, length: int, device: torch.device | str | None =
     return torch.arange(offset, offset + length, device=device)
 
 
+def trailing_keys(q_pos: Tensor, k_len: int) -> Tensor:
+    """The positions of ``k_len`` consecutive keys ending at the last query's:
+    ``([batch,] k_len)`` for ``q_pos ([batch,] q_len)``."""
+    return q_pos[..., -1:] - (k_len - 1) + torch.arange(k_len, device=q_pos.device)
+
+
 class PositionalEncoding(nn.Module):
     """The interface; the base class is also the ``none`` encoding (every hook is identity)."""
 
@@ -42,11 +48,13 @@ class PositionalEncoding(nn.Module):
         """Rotate ``q (batch, heads, q_len, d_k)`` and ``k (batch, heads_kv, k_len, d_k)``."""
         return q, k
 
-    def attention_bias(self, q_pos: Tensor, k_len: int) -> Tensor | None:
+    def attention_bias(self, q_pos: Tensor, k_len: int,
+                       k_pos: Tensor | None = None) -> Tensor | None:
         """Additive score bias broadcastable to ``(batch, heads, q_len, k_len)``, or None.
 
         The ``k_len`` keys are the consecutive positions that end at the last query's position
-        (self-attention, with or without a cache).
+        (self-attention, with or without a cache: :func:`trailing_keys`), unless ``k_pos
+        (k_len,)`` gives them (a static cache: slot j holds position j).
         """
         return None
 
@@ -215,8 +223,8 @@ class ALiBiPositionalEncoding(PositionalEncoding):
     def reset_buffers(self) -> None:
         self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
 
-    def attention_bias(self, q_pos: Tensor, k_len: int) -> Tensor:
-        k_pos = q_pos[..., -1:] - (k_len - 1) + torch.arange(k_len, device=q_pos.device)
+    def attention_bias(self, q_pos: Tensor, k_len: int, k_pos: Tensor | None = None) -> Tensor:
+        k_pos = trailing_keys(q_pos, k_len) if k_pos is None else k_pos
         distance = (q_pos[..., :, None] - k_pos[..., None, :]).abs().float()  # ([b,] q, k)
         if distance.dim() == 2:
             distance = distance[None]

@@ -33,7 +33,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.positional import PositionalEncoding
+from attnlab.nn.positional import PositionalEncoding, trailing_keys
 
 
 def relative_position_bucket(relative: Tensor, bidirectional: bool = True,
@@ -68,9 +68,9 @@ class RelativePositionBias(PositionalEncoding):
         self.bidirectional = bidirectional
         self.embedding = nn.Embedding(num_buckets, n_heads)
 
-    def attention_bias(self, q_pos: Tensor, k_len: int) -> Tensor:
-        # the k_len keys end at the last query (a cached decoder: k_len = cached + new)
-        k_pos = q_pos[..., -1:] - (k_len - 1) + torch.arange(k_len, device=q_pos.device)
+    def attention_bias(self, q_pos: Tensor, k_len: int, k_pos: Tensor | None = None) -> Tensor:
+        # by default the k_len keys end at the last query (a cached decoder: cached + new)
+        k_pos = trailing_keys(q_pos, k_len) if k_pos is None else k_pos
         relative = k_pos[..., None, :] - q_pos[..., :, None]  # ([batch,] q_len, k_len)
         buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets,
                                            self.max_distance)
