@@ -19,9 +19,11 @@ import time
 
 from attnlab.cli.common import (
     UsageError,
+    add_compile_arg,
     add_model_arg,
     add_runtime_args,
     announce,
+    compiled_step,
     runtime,
     timing_line,
 )
@@ -113,7 +115,8 @@ def build_service(args: argparse.Namespace):
                       "/v1/chat/completions is off", file=sys.stderr)
         announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
         context = loaded.config.context or loaded.config.max_len
-        return Service(context=context, engine=Engine(model, args.max_batch).start(),
+        engine = Engine(model, args.max_batch, compiled=compiled_step(args)).start()
+        return Service(context=context, engine=engine,
                        template=template, **common)
     if loaded.kind == "encoder":
         from attnlab.encoding import SentenceEncoder
@@ -180,5 +183,6 @@ def add_commands(sub) -> None:
                        help="on SIGTERM, seconds the requests in flight get to finish")
     serve.add_argument("--int4", action="store_true",
                        help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
+    add_compile_arg(serve, default=True)
     add_runtime_args(serve)
     serve.set_defaults(func=cmd_serve)

@@ -243,6 +243,15 @@ class StaticCache(_Slots, list):
     row, and softmax ignores a constant."""
 
     @classmethod
+    def of(cls, layers: list[tuple[Tensor, Tensor]], start: int) -> StaticCache:
+        """Each layer's storage ``(batch, kv_heads, capacity, d_k)`` as given; the next slot
+        ``start``."""
+        static = cls()
+        static.extend(StaticKVCache(k, v, static) for k, v in layers)
+        static._start(layers[0][0], start)
+        return static
+
+    @classmethod
     def from_cache(cls, cache: SelfAttentionCache, capacity: int) -> StaticCache:
         """The growing ``cache`` (``length`` positions, never a rolling one) copied into
         storage of ``capacity`` slots."""

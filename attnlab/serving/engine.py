@@ -17,6 +17,10 @@ row in flight and each row stays within the model's context. Positions come from
 (each row counts its own real tokens), so a row's tokens equal those of decoding it alone, up
 to the rounding of a batched matrix product.
 
+With a compiled one-token step (``serve``'s default), the batch lives in fixed shapes instead
+(:mod:`attnlab.serving.static_batch`): the same rows, columns and masks, in storage that
+changes only when a request joins or the columns run out, so one graph serves every step.
+
 Everything that touches the model runs on the engine's one thread; other threads call
 :meth:`Engine.submit` and :meth:`Handle.cancel` and receive tokens through ``on_tokens``.
 """
@@ -33,7 +37,9 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import BadInput
+from attnlab.generation.compiled import CompiledStep
 from attnlab.generation.decoder_only import filter_logits
+from attnlab.serving.static_batch import StaticBatch
 
 
 @dataclass
@@ -79,11 +85,15 @@ class Engine:
     (the others wait their turn, first come first served). ``model`` is a decoder-only model
     ready for decoding (:func:`attnlab.generation.decoder_only.for_decoding`)."""
 
-    def __init__(self, model: nn.Module, max_batch: int = 8):
+    def __init__(self, model: nn.Module, max_batch: int = 8,
+                 compiled: CompiledStep | None = None):
         if max_batch < 1:
             raise BadInput(f"max_batch must be >= 1, got {max_batch}")
         self.model = model.eval()
         self.max_batch = max_batch
+        # with a compiled step the batch lives in fixed shapes (serving/static_batch.py)
+        self._static = None if compiled is None else StaticBatch(model, max_batch, compiled)
+        self.compiled = compiled
         self.context = model.config.context
         self.device = next(model.parameters()).device
         self._waiting: list[Handle] = []
@@ -177,6 +187,8 @@ class Engine:
             handles = [r.handle for r in self._rows] + self._waiting
             self._rows, self._waiting = [], []
         self._cache = self._mask = self._last = None
+        if self._static is not None:
+            self._static.rows = 0
         return handles
 
     @staticmethod
@@ -218,7 +230,14 @@ class Engine:
 
     def _merge(self, rows: list[_Row], cache, mask: Tensor, first: Tensor) -> None:
         """The batch's cache and the new rows' cache as one, both right-aligned at
-        T = max(lengths); padding columns hold zeros (masked keys must not be NaN)."""
+        T = max(lengths); padding columns hold zeros (masked keys must not be NaN). With a
+        compiled step, the static batch takes them instead."""
+        if self._static is not None:
+            self._static.add(cache, mask)
+            with self._wake:
+                self._rows = self._rows + rows
+            self._last = first if self._last is None else torch.cat([self._last, first])
+            return
         if not self._rows:
             self._rows, self._cache, self._mask, self._last = rows, cache, mask, first
             return
@@ -246,10 +265,13 @@ class Engine:
 
     def _step(self) -> None:
         """One token for every row in flight."""
-        ones = self._mask.new_ones(len(self._rows), 1)
-        self._mask = torch.cat([self._mask, ones], 1)
-        logits = self.model(self._last[:, None], cache=self._cache,
-                            attention_mask=self._mask)[:, -1]
+        if self._static is not None:
+            logits = self._static(self._last)
+        else:
+            ones = self._mask.new_ones(len(self._rows), 1)
+            self._mask = torch.cat([self._mask, ones], 1)
+            logits = self.model(self._last[:, None], cache=self._cache,
+                                attention_mask=self._mask)[:, -1]
         self.steps += 1
         self._last = self._choose(logits.float(), self._rows)
         keep = self._emit(self._rows, self._last)
@@ -296,8 +318,14 @@ class Engine:
             self._rows = [self._rows[i] for i in keep]
         if not keep:
             self._cache = self._mask = self._last = None
+            if self._static is not None:
+                self._static.rows = 0
             return
         index = torch.tensor(keep, device=self.device)
+        if self._static is not None:
+            self._static.keep(index)
+            self._last = self._last[index]
+            return
         self._cache.reorder(index)
         self._mask, self._last = self._mask[index], self._last[index]
         cut = int(self._mask.any(0).int().argmax())  # the first column some row uses

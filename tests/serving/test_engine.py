@@ -17,6 +17,7 @@ import torch
 from attnlab.build import build_model
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
+from attnlab.generation.compiled import CompiledStep
 from attnlab.generation.decoder_only import TextStream, generate
 from attnlab.serving.engine import Engine, Request
 
@@ -54,10 +55,15 @@ class Collect:
             self.done.set()
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_requests_joining_and_leaving_get_the_tokens_of_decoding_alone(family):
+def test_requests_joining_and_leaving_get_the_tokens_of_decoding_alone(family, compiled):
+    """Eagerly, and through the compiled step's static batch (traced by Dynamo, run eagerly;
+    ``serve``'s default): the model's context of 64 columns fills up more than once, so the
+    static batch also cuts its padding columns and moves rows on the way."""
     model = _model(family)
-    engine = Engine(model, max_batch=3).start()
+    step = CompiledStep(backend="eager") if compiled else None
+    engine = Engine(model, max_batch=3, compiled=step).start()
     g = torch.Generator().manual_seed(1)
     lengths, news = [3, 11, 1, 6, 14, 8, 2], [12, 5, 20, 9, 7, 15, 4]
     prompts = [torch.randint(4, 40, (n,), generator=g).tolist() for n in lengths]
@@ -84,6 +90,8 @@ def test_requests_joining_and_leaving_get_the_tokens_of_decoding_alone(family):
             assert r.finish == "length"
         assert r.tokens == want, i
     assert engine.steps < sum(news)  # rows shared steps
+    if compiled:  # one graph for every step: the batch's shape never changed
+        assert step.compiles == 1 and engine._static.repacks >= 2
 
 
 def test_the_batch_never_holds_more_than_max_batch_rows_and_cancel_ends_a_row():

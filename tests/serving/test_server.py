@@ -3,11 +3,13 @@
 The model is a tiny random Llama whose untied head is scaled up, so that its next-token
 choices have wide margins: a row decoded in a batch then picks the same tokens as decoding it
 alone, and every text the server returns is compared with :func:`generate` on the same ids.
+The server runs as ``serve`` does by default, with its compiled step (traced, run eagerly).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -42,6 +44,21 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "attention is all you ne
          "<user>hello there<assistant>general kenobi", "1234 5678 and so on"] * 30
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def traced_compile():
+    """``serve`` compiles its step by default. Here the step is traced by Dynamo and run
+    eagerly (no C++ build a test module): the static batch, its graph and its guards are the
+    ones a user's server runs; inductor's numbers are tests/generation/test_compiled.py's."""
+    import functools
+
+    import attnlab.generation.compiled as compiled
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled, "CompiledStep",
+                      functools.partial(compiled.CompiledStep, backend="eager"))
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +148,12 @@ def test_a_completion_equals_greedy_generate(server):
     assert r.choices[0].finish_reason == ("length" if len(want) == 12 else "stop")
     assert any(line.startswith("POST /v1/completions 200") and "timing:" in line
                for line in server.lines)
+    # the first request to reach the compiled step paid for its compile, and its line says so
+    engine = server.service.engine
+    assert engine.compiled is not None and engine.compiled.compiles >= 1
+    compiles = [float(m.group(1)) for line in server.lines
+                if (m := re.search(r"timing: load [\d.]+ s \| compile ([\d.]+) s", line))]
+    assert compiles and max(compiles) > 0
 
 
 def test_a_streamed_completion_sends_the_same_text_in_pieces(server):
@@ -359,7 +382,8 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli", "serve", "--model",
                              str(model_dir), "--name", "tiny", "--port", str(port), "--device",
-                             "cpu", "--precision", "fp32", "--shutdown-grace", "30"],
+                             "cpu", "--precision", "fp32", "--shutdown-grace", "30",
+                             "--no-compile"],  # (a C++ build would only slow this test)
                             stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

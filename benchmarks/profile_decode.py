@@ -1,0 +1,127 @@
+"""Where one decoded token's time goes: SmolLM2-135M at batch 1, each operation's time and the
+bytes it reads (#25 item 2's per-op profile).
+
+After the prompt and three warm-up steps (with ``--compile``, the compile happens there), the
+model decodes ``--tokens`` greedy tokens one step at a time under ``torch.profiler``, and the
+top-level events are grouped by operation. The compiled step's own C++ kernels are named by
+inductor (``cpp_fused_...``: the norms, RoPE, SwiGLU and residual adds fused together); matrix
+products and attention stay ATen calls. For each group: calls and microseconds per token, the
+share of the step, the megabytes its tensor inputs take (for a matrix product, the weight it
+reads; for attention, the KV cache) and the rate that makes (MB / time). The bandwidth line is
+this machine's matrix-vector rate, as ``benchmarks/llamacpp.py`` measures it.
+
+    .venv/bin/python benchmarks/profile_decode.py --precision fp32|int4 [--compile] [--tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ITEMSIZE = {"_weight_int4pack_mm": (None, 1, None, 2), "_weight_int8pack_mm": (None, 1, None)}
+
+
+def input_bytes(name: str, shapes: list, itemsize: int) -> int:
+    """The bytes of an event's tensor inputs: the activations' ``itemsize`` unless the op's
+    inputs are known to be packed codes (uint8 weights, bf16 scales)."""
+    sizes = next((v for k, v in ITEMSIZE.items() if k in name), ())
+    total = 0
+    for i, shape in enumerate(shapes):
+        if not shape or not all(isinstance(n, int) for n in shape):
+            continue
+        size = sizes[i] if i < len(sizes) and sizes[i] is not None else itemsize
+        numel = 1
+        for n in shape:
+            numel *= n
+        total += numel * size
+    return total
+
+
+def group(name: str) -> str:
+    if name.startswith(("cpp_fused", "graph_")) or "cpp_fused" in name:
+        return "inductor C++ kernels (fused norms, RoPE, SwiGLU, adds, ...)"
+    return name
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--precision", choices=["fp32", "int4"], default="fp32")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch._inductor.config.cpp.enable_kernel_profile = True  # name each C++ kernel
+
+    import attnlab
+    from attnlab.generation.compiled import CompiledStep, StaticDecoding, capacity_for
+    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.storage import smollm2_path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llamacpp import bandwidth
+
+    int4 = args.precision == "int4"
+    loaded = attnlab.load(str(smollm2_path()), int4=int4)
+    model = for_decoding(loaded.model, "cpu", "bf16" if int4 else "fp32", int4)
+    prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")])
+    warm, n = 3, args.tokens
+    with torch.no_grad():
+        cache = model.new_cache(capacity=prompt.shape[1] + warm + n, rolling=False)
+        token = model(prompt, cache=cache)[:, -1:].argmax(-1)  # the prompt, not profiled
+        if args.compile:
+            static = StaticDecoding(CompiledStep(), cache, None, prompt.shape[1],
+                                    capacity_for(prompt.shape[1] + warm + n,
+                                                 model.config.context))
+
+            def step(t):
+                return static(model, t)
+        else:
+            def step(t):
+                return model(t, cache=cache)[:, -1]
+
+        for _ in range(warm):  # allocations, and the compile
+            token = step(token).argmax(-1, keepdim=True)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+            begun = time.perf_counter()
+            for _ in range(n):
+                token = step(token).argmax(-1, keepdim=True)
+            seconds = time.perf_counter() - begun
+    itemsize = 2 if int4 else 4
+    table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    for event in prof.events():
+        if event.cpu_parent is not None and not event.name.startswith("cpp_fused"):
+            continue  # top-level operations only (their children are inside their time)
+        row = table[group(event.name)]
+        row[0] += 1
+        row[1] += event.self_cpu_time_total if event.name.startswith("cpp_fused") \
+            else event.cpu_time_total
+        row[2] += input_bytes(event.name, event.input_shapes or [], itemsize)
+    tokens = n
+    step_us = sum(r[1] for r in table.values()) / tokens
+    bw = bandwidth()
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"{args.threads} threads; matrix-vector bandwidth {bw:.1f} GB/s")
+    print(f"# SmolLM2-135M {args.precision}{' compiled' if args.compile else ' eager'}: "
+          f"{tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tokens/s, profiler on); "
+          f"profiled ops {step_us / 1000:.2f} ms a token")
+    print("| op | calls/token | µs/token | share | MB read/token | GB/s |")
+    print("|---|---|---|---|---|---|")
+    for name, (calls, us, nbytes) in sorted(table.items(), key=lambda kv: -kv[1][1])[:14]:
+        us_tok, mb = us / tokens, nbytes / tokens / 1e6
+        rate = f"{mb / us_tok * 1e3:.1f}" if mb > 0.01 else ""
+        print(f"| {name} | {calls / tokens:.1f} | {us_tok:.0f} | {us_tok / step_us:.0%} | "
+              f"{mb:.1f} | {rate} |")
+
+
+if __name__ == "__main__":
+    main()
