@@ -18,18 +18,20 @@ count of its real tokens minus one, as :func:`~attnlab.generation.decoder_only.g
 counts positions under left padding, so the step computes what the eager step computes; a
 sliding window (Mistral) becomes a band over those counts.
 
-The encoder–decoder's step (:func:`encoder_decoder_token`) is the same idea with one
-position for the whole batch (target sequences are never left-padded): the slot is the
-position, the self-attention sees slots ≤ it, and the cross-attention reads the keys and
-values of the encoder output that the first, eager step computed. :class:`DecoderSteps`
-drives either path for :func:`~attnlab.generation.translation.greedy_decode` and
-:func:`~attnlab.generation.beam.beam_search`; beam search reorders the static cache's rows
-in place.
+The encoder–decoder's step (:func:`encoder_decoder_token`) is the same idea with one position
+for the whole batch (target sequences are never left-padded): the slot is the position, the
+self-attention sees slots ≤ it, and the cross-attention reads the keys and values of the
+encoder output that the first, eager step computed.
+:class:`DecoderSteps` drives either path for
+:func:`~attnlab.generation.translation.greedy_decode` and
+:func:`~attnlab.generation.beam.beam_search`; beam search reorders the static cache's rows in
+place.
 
-A capacity bucket keeps the number of compiled graphs small (one per batch size and bucket;
-the encoder–decoder's also per source length, which ``translate`` pads to a multiple of
-:data:`SOURCE_BUCKET`); inductor's caches persist on disk between runs, while Dynamo traces
-the step again in each process (the compile time the CLI reports).
+A capacity bucket keeps the number of compiled graphs small (one per batch size and bucket; the
+encoder–decoder's also per source length, which ``translate`` pads to a multiple of
+:data:`~attnlab.generation.translation.SOURCE_BUCKET`); inductor's caches persist on disk
+between runs, while Dynamo traces the step again in each process (the compile time the CLI
+reports).
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ from torch import Tensor, nn
 from attnlab.nn.cache import DecoderCache, StaticCache, StaticDecoderCache
 
 BUCKET = 256  # capacities are multiples of this (or the model's context, when smaller)
-SOURCE_BUCKET = 32  # compiled translation pads source lengths to a multiple of this
 
 
 def capacity_for(total: int, context: int | None, bucket: int = BUCKET) -> int:
@@ -187,5 +188,5 @@ class DecoderSteps:
         self.cache.reorder(index)
 
 
-__all__ = ["BUCKET", "SOURCE_BUCKET", "CompiledStep", "DecoderSteps", "StaticDecoding",
-           "capacity_for", "encoder_decoder_token", "one_token"]
+__all__ = ["BUCKET", "CompiledStep", "DecoderSteps", "StaticDecoding", "capacity_for",
+           "encoder_decoder_token", "one_token"]

@@ -11,13 +11,19 @@ step and reused). A sentence stops at eos; the batch stops when all have, or at 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from attnlab.errors import BadInput
-from attnlab.generation.compiled import SOURCE_BUCKET, CompiledStep, DecoderSteps
 from attnlab.models import Transformer
 from attnlab.tokenizers import Tokenizer, pad
+
+if TYPE_CHECKING:  # (the compiled step's module is imported only when one is given)
+    from attnlab.generation.compiled import CompiledStep
+
+SOURCE_BUCKET = 32  # compiled translation pads source lengths to a multiple of this
 
 
 @torch.no_grad()
@@ -40,7 +46,12 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
     memory, src_mask = model.encode(src_ids)
     tokens = torch.full((batch, 1), cfg.bos_id, dtype=torch.long, device=src_ids.device)
     done = torch.zeros(batch, dtype=torch.bool, device=src_ids.device)
-    steps = DecoderSteps(model, memory, src_mask, max_len, compiled) if use_cache else None
+    cache = model.new_cache(capacity=max_len) if use_cache and compiled is None else None
+    steps = None
+    if compiled is not None:  # the first step eager, the others compiled
+        from attnlab.generation.compiled import DecoderSteps
+
+        steps = DecoderSteps(model, memory, src_mask, max_len, compiled)
     all_logits = []
     pad_column = torch.zeros(cfg.target_vocab_size, dtype=torch.bool, device=src_ids.device)
     pad_column[cfg.pad_id] = True  # padding is never a word of the output
@@ -48,7 +59,8 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
         if steps is not None:
             logits = steps(tokens[:, -1:])
         else:
-            logits = model.decode(tokens, memory, src_mask)[:, -1]
+            step_input = tokens[:, -1:] if use_cache else tokens
+            logits = model.decode(step_input, memory, src_mask, cache=cache)[:, -1]
         if return_logits:
             all_logits.append(logits)
         next_token = logits.masked_fill(pad_column, float("-inf")).argmax(-1)

@@ -15,7 +15,6 @@ import torch
 
 from attnlab import GPT, ModelConfig, Transformer
 from attnlab.generation.compiled import (
-    SOURCE_BUCKET,
     CompiledStep,
     DecoderSteps,
     StaticDecoding,
@@ -23,6 +22,7 @@ from attnlab.generation.compiled import (
     encoder_decoder_token,
 )
 from attnlab.generation.decoder_only import generate
+from attnlab.generation.translation import SOURCE_BUCKET
 from attnlab.nn import StaticCache, StaticDecoderCache
 
 SMALL = dict(vocab_size=97, d_model=32, n_heads=4, d_ff=64, n_decoder_layers=2, max_len=128)
