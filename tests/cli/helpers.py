@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import subprocess
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -50,6 +53,29 @@ def cli_captured(*argv) -> Result:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = _call(argv)
     return Result(code, out.getvalue(), err.getvalue())
+
+
+@dataclass
+class Completed:
+    """What the tests read of a ``subprocess.CompletedProcess``."""
+
+    returncode: int | str | None
+    stdout: str
+    stderr: str
+
+
+def run(*argv, env: dict[str, str] | None = None, timeout: float = 300) -> Completed:
+    """``attnlab *argv`` as a user runs it. Without ``env``, in this process: the same
+    ``main``, exit code and output, without a new interpreter importing torch (seconds a call).
+    With ``env`` (an injected fault, a signal to catch, a launcher's variables), in a process
+    of its own, bounded by ``timeout``."""
+    if env is None:
+        r = cli_captured(*argv)
+        return Completed(r.code, r.out, r.err)
+    done = subprocess.run([sys.executable, "-m", "attnlab.cli", *map(str, argv)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})
+    return Completed(done.returncode, done.stdout, done.stderr)
 
 
 def assert_bad_input(r: Result, *names: str, while_running: bool = False) -> str:

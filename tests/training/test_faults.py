@@ -16,6 +16,7 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.storage import list_checkpoints, load_model_dir
+from tests.cli.helpers import run
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300))
 STEPS = 30
@@ -29,7 +30,11 @@ def train_args(text: Path, out: Path, steps: int = STEPS, *extra: str) -> list[s
             "--precision", "fp32", *extra]
 
 
-def run_cli(args: list[str], fault: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], fault: str | None = None, **kwargs):
+    """The CLI with a fault injected, in a process of its own; without one (and without
+    subprocess options), in this process (tests/cli/helpers.run)."""
+    if fault is None and not kwargs:
+        return run(*args)
     env = {**os.environ, **({"ATTNLAB_FAULT": fault} if fault else {})}
     return subprocess.run([sys.executable, "-m", "attnlab.cli", *args], capture_output=True,
                           text=True, timeout=120, env=env, **kwargs)

@@ -1,10 +1,7 @@
 """Language-model training and generation through the CLI, on text generated here."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,13 +9,14 @@ import torch
 from attnlab import GPT, ModelConfig
 from attnlab.data.numbers import english
 from attnlab.training.trainer import TrainConfig, build_optimizer
+from tests.cli.helpers import run as run_attnlab
 
 TRAIN = ["train", "lm", "--steps", "150", "--eval-every", "50", "--no-progress"]
 
 
 def cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "attnlab.cli", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})})
+    """In this process, or, to inject a fault (``env``), in its own (tests/cli/helpers.run)."""
+    return run_attnlab(*args, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -421,7 +421,7 @@ TORCHRUN_ENV = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR"
                 "MASTER_PORT": "1"}  # as torchrun sets them; nothing may connect before the check
 
 
-@pytest.mark.parametrize("flags, env, message", [
+BAD_FLAGS = [
     (["--tp", "2", "--set", "n_heads=1"], TORCHRUN_ENV,
      "--tp 2: must divide the model's 1 attention heads and 1 kv heads"),
     (["--tp", "2", "--set", "num_kv_heads=1"], TORCHRUN_ENV,
@@ -439,14 +439,54 @@ TORCHRUN_ENV = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR"
      "--precision fp16 with --tp needs --parallel fsdp"),
     (["--tp", "3"], {**TORCHRUN_ENV, "WORLD_SIZE": "4"},
      "--world 4 (processes): not divisible by tp·pp = 3·1 = 3"),
-])
-def test_bad_parallel_flags_are_one_line_and_exit_2(flags, env, message, tmp_path):
-    r = _cli(*TRAIN, "--steps", "1", "--out", str(tmp_path / "run"), *flags, env=env,
-             timeout=60)
-    assert r.returncode == 2, r.stderr
-    assert message in r.stderr and "Traceback" not in r.stderr
-    said = [line for line in r.stderr.strip().splitlines() if "warning:" not in line]
-    assert len(said) == 1, r.stderr  # (fp16 on a CPU also gets its warning)
+]
+
+# Every case in one process of its own (torchrun's variables differ from case to case, and a
+# case that wrongly went on to connect must not hang this one): seconds instead of a start-up
+# of Python and torch a case.
+_DRIVER = """
+import contextlib, io, json, os, sys
+from attnlab.cli import main
+results = []
+for argv, env in json.loads(sys.stdin.read()):
+    os.environ.update(env)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        except Exception:
+            import traceback
+            traceback.print_exc()
+            code = 1
+    for key in env:
+        del os.environ[key]
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_flag_results(tmp_path_factory) -> list[tuple[int, str]]:
+    out = str(tmp_path_factory.mktemp("bad-flags") / "run")
+    cases = [([*TRAIN, "--steps", "1", "--out", out, *flags], env)
+             for flags, env, _ in BAD_FLAGS]
+    done = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=120, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", range(len(BAD_FLAGS)),
+                         ids=[" ".join(flags) for flags, _, _ in BAD_FLAGS])
+def test_bad_parallel_flags_are_one_line_and_exit_2(case, bad_flag_results):
+    code, stderr = bad_flag_results[case]
+    message = BAD_FLAGS[case][2]
+    assert code == 2, stderr
+    assert message in stderr and "Traceback" not in stderr
+    said = [line for line in stderr.strip().splitlines() if "warning:" not in line]
+    assert len(said) == 1, stderr  # (fp16 on a CPU also gets its warning)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
 """Interruption, distributed equivalence and bad input, run as a user runs them: the CLI in a
-subprocess. Runs are tiny (the numbers task, a few steps) but exercise the real code paths."""
+subprocess where a fault is injected or several processes run, in this process otherwise (the
+same ``main``, without a new interpreter's start-up). Runs are tiny (the numbers task, a few
+steps) but exercise the real code paths."""
 
 import json
 import os
@@ -15,16 +17,15 @@ from safetensors.torch import load_file
 
 from attnlab.storage import load_model_dir
 from attnlab.training import CheckpointError, average_checkpoints, list_checkpoints
-from tests.cli.helpers import RUNNING
+from tests.cli.helpers import RUNNING, run
 
 TRAIN = ["train", "translate", "--task", "numbers", "--n-train", "3000", "--preset", "tiny",
          "--max-tokens", "600", "--warmup", "50", "--no-progress", "--no-evaluate"]
 
 
 def cli(*args, env=None, timeout=300):
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "attnlab.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
+    """In this process, or, to inject a fault (``env``), in its own (tests/cli/helpers.run)."""
+    return run(*args, env=env, timeout=timeout)
 
 
 def losses(run: Path) -> dict[int, float]:
