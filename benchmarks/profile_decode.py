@@ -6,9 +6,10 @@ model decodes ``--tokens`` greedy tokens one step at a time under ``torch.profil
 top-level events are grouped by operation. The compiled step's own C++ kernels are named by
 inductor (``cpp_fused_...``: the norms, RoPE, SwiGLU and residual adds fused together); matrix
 products and attention stay ATen calls. For each group: calls and microseconds per token, the
-share of the step, the megabytes its tensor inputs take (for a matrix product, the weight it
-reads; for attention, the KV cache) and the rate that makes (MB / time). The bandwidth line is
-this machine's matrix-vector rate, as ``benchmarks/llamacpp.py`` measures it.
+share of the step, the megabytes its tensor inputs take (matrix products: the weight they
+read; attention: the KV cache; not counted for other ops) and the rate that makes (MB /
+time). The bandwidth line is this machine's matrix-vector rate, as ``benchmarks/llamacpp.py``
+measures it.
 
     .venv/bin/python benchmarks/profile_decode.py --precision fp32|int4 [--compile] [--tokens 32]
 """
@@ -26,12 +27,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ITEMSIZE = {"_weight_int4pack_mm": (None, 1, None, 2), "_weight_int8pack_mm": (None, 1, None)}
+# inputs that are not activations: (x, packed uint8 codes, group size, bf16 scales and zeros)
+ITEMSIZE = {"int4": (None, 1, None, 2), "_weight_int8pack_mm": (None, 1, None)}
+
+
+READS_ITS_INPUTS = ("linear", "mm", "addmm", "_weight_int", "int4", "scaled_dot_product",
+                    "_flash_")
 
 
 def input_bytes(name: str, shapes: list, itemsize: int) -> int:
-    """The bytes of an event's tensor inputs: the activations' ``itemsize`` unless the op's
-    inputs are known to be packed codes (uint8 weights, bf16 scales)."""
+    """The bytes of a matrix product's or an attention's tensor inputs (the weights, the KV
+    cache), at the activations' ``itemsize`` unless the op's inputs are known to be packed
+    codes (uint8 weights, bf16 scales); 0 for other ops (an indexing op's input is a whole
+    table of which it reads a row)."""
+    if not any(key in name for key in READS_ITS_INPUTS):
+        return 0
     sizes = next((v for k, v in ITEMSIZE.items() if k in name), ())
     total = 0
     for i, shape in enumerate(shapes):
@@ -46,8 +56,8 @@ def input_bytes(name: str, shapes: list, itemsize: int) -> int:
 
 
 def group(name: str) -> str:
-    if name.startswith(("cpp_fused", "graph_")) or "cpp_fused" in name:
-        return "inductor C++ kernels (fused norms, RoPE, SwiGLU, adds, ...)"
+    if "cpp_fused" in name:
+        return "inductor's C++ kernels (norms, RoPE, SwiGLU, masks, adds: fused)"
     return name
 
 
@@ -64,6 +74,7 @@ def main() -> None:
     import attnlab
     from attnlab.generation.compiled import CompiledStep, StaticDecoding, capacity_for
     from attnlab.generation.decoder_only import for_decoding
+    from attnlab.nn.quantized import float_dtype
     from attnlab.storage import smollm2_path
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -96,16 +107,25 @@ def main() -> None:
             for _ in range(n):
                 token = step(token).argmax(-1, keepdim=True)
             seconds = time.perf_counter() - begun
-    itemsize = 2 if int4 else 4
+    itemsize = (float_dtype() if int4 else torch.float32).itemsize  # around the int4 kernels
     table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    inside = 0.0  # the time of the ops inside compiled regions
     for event in prof.events():
-        if event.cpu_parent is not None and not event.name.startswith("cpp_fused"):
-            continue  # top-level operations only (their children are inside their time)
+        parent = event.cpu_parent
+        in_graph = parent is not None and parent.name.startswith("## Call CompiledFxGraph")
+        if event.name.startswith("Torch-Compiled Region"):
+            table["compiled region's own work (guards, wrappers, graph entry)"][1] += \
+                event.cpu_time_total
+            continue
+        if parent is not None and not in_graph:
+            continue  # inside an op counted already
         row = table[group(event.name)]
         row[0] += 1
-        row[1] += event.self_cpu_time_total if event.name.startswith("cpp_fused") \
-            else event.cpu_time_total
+        row[1] += event.cpu_time_total
         row[2] += input_bytes(event.name, event.input_shapes or [], itemsize)
+        inside += event.cpu_time_total if in_graph else 0.0
+    if inside:
+        table["compiled region's own work (guards, wrappers, graph entry)"][1] -= inside
     tokens = n
     step_us = sum(r[1] for r in table.values()) / tokens
     bw = bandwidth()
