@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from attnlab.nn.cache import DecoderCache, StaticCache, StaticDecoderCache
 
 BUCKET = 256  # capacities are multiples of this (or the model's context, when smaller)
+TARGET_BUCKET = 32  # the encoder–decoder's: a translation is tens of tokens
 
 
 def capacity_for(total: int, context: int | None, bucket: int = BUCKET) -> int:
@@ -160,7 +161,7 @@ class DecoderSteps:
     :meth:`~attnlab.models.Transformer.decode` against a growing cache, or, with ``compiled``
     (a :class:`CompiledStep` of :func:`encoder_decoder_token`), the first call eager (it fills
     the cross-attention keys and values) and every later one compiled against a static cache
-    of ``capacity_for(max_len)`` slots."""
+    of ``capacity_for(max_len, bucket=TARGET_BUCKET)`` slots."""
 
     def __init__(self, model: nn.Module, memory: Tensor, src_mask: Tensor, max_len: int,
                  compiled: CompiledStep | None = None):
@@ -173,19 +174,24 @@ class DecoderSteps:
         """Logits ``(batch, tgt_vocab)`` of ``token (batch, 1)``, the next position's input."""
         if self.token is None:
             logits = self.model.decode(token, self.memory, self.src_mask, cache=self.cache)
-            if self.compiled is not None:
-                capacity = capacity_for(self.max_len, self.model.config.max_len)
+            if self.compiled is not None:  # (a translation is short: buckets of 32 slots)
+                capacity = capacity_for(self.max_len, self.model.config.max_len, TARGET_BUCKET)
                 self.cache = StaticDecoderCache.from_cache(self.cache, capacity)
                 self.token = torch.zeros_like(token)
+                self.filled = 1
             return logits[:, -1]
         self.token.copy_(token)
         logits = self.compiled(self.model, self.token, self.memory, self.src_mask, self.cache)
         self.cache.slots += 1  # in place: the compiled graph reads the same tensor
+        self.filled += 1
         return logits
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search's surviving hypotheses)."""
-        self.cache.reorder(index)
+        if isinstance(self.cache, StaticDecoderCache):
+            self.cache.reorder(index, self.filled)  # the written slots only
+        else:
+            self.cache.reorder(index)
 
 
 __all__ = ["BUCKET", "CompiledStep", "DecoderSteps", "StaticDecoding", "capacity_for",

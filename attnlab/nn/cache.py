@@ -206,15 +206,18 @@ class StaticKVCache:
         self.v.index_copy_(2, self.owner.slots, v)
         return self.k, self.v
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index``, in place: a compiled step keeps reading the same storage."""
-        _reorder_(self, index)
+    def reorder(self, index: Tensor, filled: int | None = None) -> None:
+        """Keep batch rows ``index``, in place: a compiled step keeps reading the same storage.
+        ``filled``: only the first slots hold keys, the rest need not move."""
+        _reorder_(self, index, filled)
 
 
-def _reorder_(cache: KVCache | StaticKVCache, index: Tensor) -> None:
-    """Batch rows ``index`` of ``cache.k`` and ``cache.v``, written back into them."""
-    cache.k.copy_(cache.k.index_select(0, index))
-    cache.v.copy_(cache.v.index_select(0, index))
+def _reorder_(cache: KVCache | StaticKVCache, index: Tensor, filled: int | None = None) -> None:
+    """Batch rows ``index`` of ``cache.k`` and ``cache.v`` (their first ``filled`` positions),
+    written back into them."""
+    for t in (cache.k, cache.v):
+        part = t if filled is None else t[:, :, :filled]
+        part.copy_(part.index_select(0, index))
 
 
 class _Slots:
@@ -270,8 +273,8 @@ class StaticLayerCache:
     def __init__(self, self_attn: StaticKVCache, cross_attn: KVCache):
         self.self_attn, self.cross_attn = self_attn, cross_attn
 
-    def reorder(self, index: Tensor) -> None:
-        self.self_attn.reorder(index)
+    def reorder(self, index: Tensor, filled: int | None = None) -> None:
+        self.self_attn.reorder(index, filled)
         _reorder_(self.cross_attn, index)
 
 
@@ -298,9 +301,11 @@ class StaticDecoderCache(_Slots, list):
         static.key_positions = torch.arange(capacity, device=static.slots.device)
         return static
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, filled: int | None = None) -> None:
+        """Keep batch rows ``index``; ``filled``: the slots written so far (the rest need not
+        move)."""
         for layer in self:
-            layer.reorder(index)
+            layer.reorder(index, filled)
 
 
 class LayerCache:
