@@ -45,10 +45,11 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [str(ROOT / ".venv" / "bin" / "attnlab"), "serve", "--model", args.model,
            "--name", "m", "--port", str(port), "--max-batch", str(max(args.clients)),
-           "--precision", args.precision, "--quiet"]
+           "--precision", args.precision] + ([] if args.verbose else ["--quiet"])
     if args.int4:
         cmd.append("--int4")
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    cmd.append("--compile" if args.compile else "--no-compile")
+    proc = subprocess.Popen(cmd, stderr=None if args.verbose else subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     import urllib.request
 
@@ -101,6 +102,9 @@ def main() -> None:
                    help="how long each client count runs (requests in flight then finish)")
     p.add_argument("--precision", default="auto")
     p.add_argument("--int4", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="the server's log on stderr")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve's compiled step (its default; the compile falls in the warm-up)")
     args = p.parse_args()
     import torch
 
@@ -111,7 +115,7 @@ def main() -> None:
           f"{torch.__version__}, Python {platform.python_version()}")
     proc, url = start_server(args)
     try:
-        run_clients(url, 1, 0.1, 8)  # warm up: the first forward allocates
+        run_clients(url, 1, 0.1, 8)  # warm up: the first forward allocates (and compiles)
         rows = []
         for n in args.clients:
             tokens, wall = run_clients(url, n, args.seconds, args.max_tokens)
@@ -122,7 +126,8 @@ def main() -> None:
         proc.wait(timeout=60)
     base = rows[0][3]
     print(f"\nattnlab serve --model {args.model} --precision {args.precision}"
-          f"{' --int4' if args.int4 else ''}, greedy chat completions of up to "
+          f"{' --int4' if args.int4 else ''}{'' if args.compile else ' --no-compile'}, "
+          "greedy chat completions of up to "
           f"{args.max_tokens} tokens, {torch.get_num_threads()} threads\n")
     print("| clients | tokens | seconds | tokens/s | vs 1 client |")
     print("|---|---|---|---|---|")

@@ -119,6 +119,11 @@ class CompiledStep:
         shape = _signature(model, args)
         if shape in self._shapes:
             return self.function(model, *args)
+        # Each shape is a graph of its own (a server's row counts times capacity buckets):
+        # more than Dynamo's default of 8 a function. Its settings are per thread, and the
+        # thread that compiles (a server's engine) decides.
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, 64)
         begun = time.perf_counter()
         logits = self.function(model, *args)
         self.compile_seconds += time.perf_counter() - begun

@@ -11,8 +11,9 @@ lives in storage that only changes at rare moments:
 Rows in flight are the first ``rows`` rows; the others are spare and their outputs ignored.
 Every row ends at column ``slot − 1`` (right-aligned, as in the eager engine), so one slot
 serves the batch, and each row's positions come from its own count of real tokens. The
-compiled step (:func:`~attnlab.generation.compiled.one_token`) therefore sees one shape per
-capacity bucket, whatever the number of rows in flight.
+compiled step (:func:`~attnlab.generation.compiled.one_token`) runs on the first 1, 2, 4, ...
+``max_batch`` rows, the fewest that hold the rows in flight, so it sees one shape per capacity
+bucket and row count, whatever the number of requests in flight.
 
 When requests join, their prompt's keys and values (prefilled eagerly) are copied in,
 right-aligned at ``slot`` (the columns move right first if a prompt is longer than ``slot``).
@@ -71,6 +72,7 @@ class StaticBatch:
         if self.key_mask is not None:
             mask[:, span - kept : span] = self.key_mask[:, self.slot - kept : self.slot]
         self.cache, self.key_mask, self.slot = StaticCache.of(layers, span), mask, span
+        self._views: dict[int, StaticCache] = {}
 
     def add(self, cache: SelfAttentionCache, mask: Tensor) -> None:
         """Append the rows of a prefilled ``cache`` (``mask (n, p)``: their real tokens,
@@ -105,14 +107,28 @@ class StaticBatch:
         self.key_mask[:n] = self.key_mask.index_select(0, index)
         self.rows = n
 
+    def _view(self, rows: int) -> StaticCache:
+        """The first ``rows`` rows of the storage as a cache of their own (views: what the step
+        writes lands in the storage), sharing its slot."""
+        if rows not in self._views:
+            view = StaticCache.of([(layer.k[:rows], layer.v[:rows]) for layer in self.cache],
+                                  self.slot)
+            view.slots = self.cache.slots
+            self._views[rows] = view
+        return self._views[rows]
+
     def __call__(self, last: Tensor) -> Tensor:
-        """Float32 logits ``(rows, vocab)`` of each row's newest token ``last (rows,)``."""
+        """Float32 logits ``(rows, vocab)`` of each row's newest token ``last (rows,)``. The
+        step runs on the first 1, 2, 4, ... rows that hold them (a graph for each such count,
+        compiled on first use): spare rows cost a batch of one as much as the batch."""
         if self.slot == self.cache.capacity:  # full: cut the padding, or grow a bucket
             span = self.slot - self._first()
             self._repack(span, capacity_for(span + 1, self.context), like=self.cache)
+        rows = min(1 << (self.rows - 1).bit_length(), self.max_batch)
         self.token[: self.rows, 0] = last
         self.key_mask[:, self.slot] = True  # spare rows too: none is fully masked
-        logits = self.step(self.model, self.token, self.key_mask, self.cache)
+        logits = self.step(self.model, self.token[:rows], self.key_mask[:rows],
+                           self._view(rows))
         self.cache.slots += 1  # in place: the compiled graph reads the same tensor
         self.slot += 1
         return logits[: self.rows]

@@ -90,8 +90,8 @@ def test_requests_joining_and_leaving_get_the_tokens_of_decoding_alone(family, c
             assert r.finish == "length"
         assert r.tokens == want, i
     assert engine.steps < sum(news)  # rows shared steps
-    if compiled:  # one graph for every step: the batch's shape never changed
-        assert step.compiles == 1 and engine._static.repacks >= 2
+    if compiled:  # a graph for each row count (1, 2, 3), none for a token or a repack
+        assert 1 <= step.compiles <= 3 and engine._static.repacks >= 2
 
 
 def test_the_batch_never_holds_more_than_max_batch_rows_and_cancel_ends_a_row():
