@@ -116,6 +116,13 @@ def build_service(args: argparse.Namespace):
         announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
         context = loaded.config.context or loaded.config.max_len
         engine = Engine(model, args.max_batch, compiled=compiled_step(args)).start()
+        if engine.compiled is not None:
+            if not args.quiet:
+                print("attnlab serve: compiling the decoding step (--no-compile skips it)",
+                      file=sys.stderr)
+            seconds = engine.warm_up()
+            if not args.quiet:
+                print(f"attnlab serve: compiled in {seconds:.1f} s", file=sys.stderr)
         return Service(context=context, engine=engine,
                        template=template, **common)
     if loaded.kind == "encoder":

@@ -112,6 +112,24 @@ class Engine:
         self._thread.start()
         return self
 
+    def warm_up(self, token: int = 0) -> float:
+        """With a compiled step, compile its graphs now (a full batch, then one request
+        alone, at the first capacity bucket) rather than while clients wait: dummy requests of
+        one ``token`` run through the engine. Returns the seconds it took."""
+        begun = time.perf_counter()
+        if self.compiled is None:
+            return 0.0
+        for count in (self.max_batch, 1):
+            done = [threading.Event() for _ in range(count)]
+            with self._wake:  # all at once, so that they join the same step
+                for event in done:
+                    self._waiting.append(Handle(Request(
+                        [token], 3, lambda _new, finish, e=event: finish and e.set())))
+                self._wake.notify()
+            for event in done:
+                event.wait()
+        return time.perf_counter() - begun
+
     def submit(self, request: Request) -> Handle:
         """Queue ``request``; it joins the batch between two steps. Its prompt plus
         ``max_new_tokens`` must fit the model's context (the caller says so to its client)."""

@@ -11,9 +11,9 @@ lives in storage that only changes at rare moments:
 Rows in flight are the first ``rows`` rows; the others are spare and their outputs ignored.
 Every row ends at column ``slot − 1`` (right-aligned, as in the eager engine), so one slot
 serves the batch, and each row's positions come from its own count of real tokens. The
-compiled step (:func:`~attnlab.generation.compiled.one_token`) runs on the first 1, 2, 4, ...
-``max_batch`` rows, the fewest that hold the rows in flight, so it sees one shape per capacity
-bucket and row count, whatever the number of requests in flight.
+compiled step (:func:`~attnlab.generation.compiled.one_token`) runs on the first row alone or
+on all ``max_batch`` rows, so it sees two shapes per capacity bucket, whatever the number of
+requests in flight.
 
 When requests join, their prompt's keys and values (prefilled eagerly) are copied in,
 right-aligned at ``slot`` (the columns move right first if a prompt is longer than ``slot``).
@@ -119,12 +119,14 @@ class StaticBatch:
 
     def __call__(self, last: Tensor) -> Tensor:
         """Float32 logits ``(rows, vocab)`` of each row's newest token ``last (rows,)``. The
-        step runs on the first 1, 2, 4, ... rows that hold them (a graph for each such count,
-        compiled on first use): spare rows cost a batch of one as much as the batch."""
+        step runs on the first row alone when it is the only one (spare rows would cost a
+        single request as much as a full batch), else on all ``max_batch`` rows: two graphs a
+        capacity bucket, which :meth:`Engine.warm_up <attnlab.serving.engine.Engine.warm_up>`
+        compiles before the server listens."""
         if self.slot == self.cache.capacity:  # full: cut the padding, or grow a bucket
             span = self.slot - self._first()
             self._repack(span, capacity_for(span + 1, self.context), like=self.cache)
-        rows = min(1 << (self.rows - 1).bit_length(), self.max_batch)
+        rows = 1 if self.rows == 1 else self.max_batch
         self.token[: self.rows, 0] = last
         self.key_mask[:, self.slot] = True  # spare rows too: none is fully masked
         logits = self.step(self.model, self.token[:rows], self.key_mask[:rows],
