@@ -19,7 +19,8 @@ to the rounding of a batched matrix product.
 
 With a compiled one-token step (``serve``'s default), the batch lives in fixed shapes instead
 (:mod:`attnlab.serving.static_batch`): the same rows, columns and masks, in storage that
-changes only when a request joins or the columns run out, so one graph serves every step.
+changes only when a request joins or the columns run out, so two graphs (one request
+alone, a full batch) serve every step.
 
 Everything that touches the model runs on the engine's one thread; other threads call
 :meth:`Engine.submit` and :meth:`Handle.cancel` and receive tokens through ``on_tokens``.
