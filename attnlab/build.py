@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from attnlab import hardware
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
 from attnlab.models import ARCHITECTURES
+from attnlab.nn.adapters import add_adapters
 
 GB = 2**30
 
@@ -48,6 +50,11 @@ def build_model(config: ModelConfig) -> nn.Module:
         from attnlab.compression.prune import apply_pruned_heads
 
         apply_pruned_heads(model, config.pruned_heads)
+    if config.adapter:  # LoRA or bottleneck adapters over the frozen model (nn/adapters.py)
+        try:
+            add_adapters(model, config.adapter)
+        except ValueError as e:
+            raise BadInput(f"config field adapter: {e}") from None
     return model
 
 
@@ -87,7 +94,7 @@ def parameters_of(config: ModelConfig) -> int:
     """The parameter count of ``build_model(config)``, without building its layers."""
     def count(n_enc: int, n_dec: int) -> int:
         small = dataclasses.replace(config, n_encoder_layers=n_enc, n_decoder_layers=n_dec,
-                                    pruned_heads={})
+                                    pruned_heads={}, adapter={})
         return sum(p.numel() for p in skeleton(small).parameters())
 
     enc, dec = min(config.n_encoder_layers, 1), min(config.n_decoder_layers, 1)
@@ -98,7 +105,27 @@ def parameters_of(config: ModelConfig) -> int:
     per_head = 4 * config.d_k * config.d_model + (3 * config.d_k if config.bias else 0)
     pruned = sum(len(heads) for heads in config.pruned_heads.values()) * per_head
     return (base + max(config.n_encoder_layers - 1, 0) * per_enc
-            + max(config.n_decoder_layers - 1, 0) * per_dec - pruned)
+            + max(config.n_decoder_layers - 1, 0) * per_dec - pruned + _adapter_parameters(config))
+
+
+def _adapter_parameters(config: ModelConfig) -> int:
+    """r·(in + out) per LoRA matrix, 2·m·d + m + d per bottleneck adapter, read off a
+    one-layer skeleton (every layer of a stack has the same shapes)."""
+    spec = config.adapter
+    if not spec:
+        return 0
+    small = skeleton(dataclasses.replace(
+        config, n_encoder_layers=min(config.n_encoder_layers, 1), pruned_heads={}, adapter={},
+        n_decoder_layers=min(config.n_decoder_layers, 1)))
+    shapes = {name: (m.in_features, m.out_features) for name, m in small.named_modules()
+              if hasattr(m, "out_features")}
+    total = 0
+    for path in spec["modules"]:
+        d_in, d_out = shapes.get(re.sub(r"\.layers\.\d+\.", ".layers.0.", path), (0, 0))
+        total += (spec["r"] * (d_in + d_out) if spec["method"] == "lora"
+                  else 2 * spec["size"] * d_out + spec["size"] + d_out)
+    return total
+
 
 
 def check_affordable(config: ModelConfig, where: str | os.PathLike, file_bytes: int | None,

@@ -179,6 +179,8 @@ class ModelConfig:
     # attention heads removed by pruning: "blocks.layers.3.self_attn" -> the original indices
     # of its heads that are gone (as HF's pruned_heads); the others keep their width d_k
     pruned_heads: dict[str, list[int]] = field(default_factory=dict)
+    # LoRA or bottleneck adapters over the frozen model (attnlab.nn.adapters); {}: none
+    adapter: dict[str, Any] = field(default_factory=dict)
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -213,6 +215,8 @@ class ModelConfig:
         if self.arch == "vision":
             self._check_vision()
         self._check_pruned_heads()
+        if self.adapter:
+            check_adapter(self.adapter)
 
     def _check_positions(self) -> None:
         """rope_scaling only with RoPE, with a known type and its fields; a sliding window only
@@ -393,3 +397,44 @@ class ModelConfig:
         if name not in PRESETS:
             raise BadInput(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
+
+
+ADAPTER_METHODS = ("lora", "bottleneck")
+_ADAPTER_FIELDS = {"lora": {"r", "alpha", "dropout"}, "bottleneck": {"size", "activation"}}
+
+
+def check_adapter(spec: Any, where: str = "config field adapter") -> None:
+    """An adapter spec (:mod:`attnlab.nn.adapters`) as a config may hold it, from an untrusted
+    file: a known method, its numbers in range, module paths as lists of strings."""
+    def bad(what: str) -> BadInput:
+        return BadInput(f"{where}: {what}")
+
+    if not isinstance(spec, dict):
+        raise bad(f"expected an object, got {spec!r}")
+    method = spec.get("method")
+    if method not in ADAPTER_METHODS:
+        raise bad(f"method={method!r}, expected one of {ADAPTER_METHODS}")
+    unknown = set(spec) - {"method", "modules", "trainable", "targets", *_ADAPTER_FIELDS[method]}
+    if unknown:
+        raise bad(f"unknown field(s) {', '.join(sorted(unknown))} for {method}")
+    for name in ("modules", "trainable", "targets"):
+        value = spec.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(f"{name} must be a list of names, got {value!r}")
+    if not spec.get("modules"):
+        raise bad("modules is empty: no layer to adapt")
+    size = spec.get("r" if method == "lora" else "size")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 65536:
+        raise bad(f"{'r' if method == 'lora' else 'size'} must be a whole number in "
+                  f"1..65536, got {size!r}")
+    if method == "lora":
+        alpha, dropout = spec.get("alpha"), spec.get("dropout", 0.0)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
+                or not 0 < alpha < 1e6:
+            raise bad(f"alpha must be a number in (0, 1e6), got {alpha!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+                or not 0 <= dropout < 1:
+            raise bad(f"dropout must be in [0, 1), got {dropout!r}")
+    elif spec.get("activation", "relu") not in ("relu", "gelu", "gelu_tanh", "silu"):
+        raise bad(f"activation={spec.get('activation')!r}, expected relu, gelu, gelu_tanh or "
+                  "silu")

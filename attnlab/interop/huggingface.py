@@ -135,7 +135,7 @@ def check_hf_weights(family: Family, config: ModelConfig, files: list[Path],
     ours_shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     found = build.safetensors_shapes(files)
     tied = _tied_names(model)
-    for ours, theirs, transform in _layer_rows(family.weights(config), config):
+    for ours, theirs, transform in layer_rows(family.weights(config), config):
         shape = ours_shapes[ours]
         expect = (1, *shape) if transform == "row" else shape[::-1] if transform else shape
         name = next((n for n in [theirs, *family.alternatives(theirs)] if n in found), None)
@@ -148,7 +148,7 @@ def check_hf_weights(family: Family, config: ModelConfig, files: list[Path],
                            f"{tuple(expect)} in the model its config.json describes")
 
 
-def _layer_rows(table, config: ModelConfig):
+def layer_rows(table, config: ModelConfig):
     """The table with each per-layer row repeated for every layer of its stack."""
     for ours, theirs, transpose in table:
         if "{i}" in ours:
@@ -185,7 +185,7 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
     model = build_model(config)
     tied = _tied_names(model)
     state: dict[str, torch.Tensor] = {}
-    for ours, theirs, transpose in _layer_rows(family.weights(config), config):
+    for ours, theirs, transpose in layer_rows(family.weights(config), config):
         name = next((n for n in [theirs, *family.alternatives(theirs)] if n in weights), None)
         if name is None:
             if ours in tied:
@@ -222,7 +222,7 @@ def _to_theirs(w: torch.Tensor, transform: bool | str) -> torch.Tensor:
 def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
     """Write a folder that ``transformers`` loads (config.json + model.safetensors)."""
     config: ModelConfig = model.config
-    model_type = config.extra.get("hf_model_type") or _default_type(config)
+    model_type = config.extra.get("hf_model_type") or default_type(config)
     family = FAMILIES[model_type]
     # the family's config first: it refuses what it cannot store, before anything is written
     hf = {"architectures": [family.class_name(config)], "model_type": model_type,
@@ -232,7 +232,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
     ours_state = model.state_dict()
     tied = _tied_names(model)
     out = {}
-    for ours, theirs, transpose in _layer_rows(family.weights(config), config):
+    for ours, theirs, transpose in layer_rows(family.weights(config), config):
         if ours in tied:
             continue
         if ours not in ours_state:  # a family's table the config's checks let through
@@ -244,7 +244,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> Path:
     return folder
 
 
-def _default_type(config: ModelConfig) -> str:
+def default_type(config: ModelConfig) -> str:
     if config.arch == "decoder":
         if config.positional != "rope":
             return "gpt2"
