@@ -34,10 +34,11 @@ class SentenceEncoder:
     path: Path | None = None  # the folder or file the model was read from
 
 
-def load_encoder(spec: str | os.PathLike) -> SentenceEncoder:
+def load_encoder(spec: str | os.PathLike,
+                 adapter: str | os.PathLike | None = None) -> SentenceEncoder:
     """``minilm``, a Hugging Face BERT folder, or an attnlab run/checkpoint folder (anything
     :func:`attnlab.load` reads that holds an encoder)."""
-    loaded = load(spec).expect("encoder", "embed / classify")
+    loaded = load(spec, adapter=adapter).expect("encoder", "embed / classify")
     return SentenceEncoder(loaded.model, loaded.tokenizer, loaded.max_len,
                            loaded.config.extra.get("labels"), loaded.path)
 

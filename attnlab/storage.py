@@ -21,6 +21,7 @@ old folder or the new one, never a half-written folder that looks complete.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -98,28 +99,49 @@ class Loaded:
         return self
 
 
-def load(spec: str | os.PathLike, int4: bool = False) -> Loaded:
+def load(spec: str | os.PathLike, int4: bool = False,
+         adapter: str | os.PathLike | None = None) -> Loaded:
     """Resolve ``spec`` (see the module docstring) into a :class:`Loaded`, on the CPU in
     float32 (``int4``: 4-bit weight matrices with bf16 activations; a GGUF file keeps its own
-    Q4_1 codes, other models are quantised)."""
+    Q4_1 codes, other models are quantised). ``adapter``: a peft-format adapter folder added
+    onto the model (attnlab's or peft's). LoRA updates are folded into the weights for
+    inference (before ``int4`` quantises them), so the model runs at the plain model's speed;
+    bottleneck adapters stay as layers."""
     path = ALIASES[str(spec)]() if str(spec) in ALIASES else Path(spec)
     if not path.exists():
         raise MissingFile(f"model not found: {path}")
     if path.suffix == ".gguf":
         from attnlab.interop.gguf import load_gguf
 
-        model, tok = load_gguf(path, quantized=int4)
-        return _loaded(model, {"text": tok}, path)
-    if _is_hf_folder(path):
+        model, tok = load_gguf(path, quantized=int4 and adapter is None)
+        loaded = _loaded(model, {"text": tok}, path)
+        int4 = int4 and adapter is not None  # GGUF's own codes, unless an adapter goes first
+    elif _is_hf_folder(path):
         loaded = _load_hf(path)
     else:
         model, _, tokenizers = load_model_dir(path)
         loaded = _loaded(model, tokenizers, resolve_model_dir(path))
+    if adapter is not None:
+        from attnlab.interop.peft import load_adapter
+
+        load_adapter(loaded.model, adapter)
+    if loaded.config.adapter:
+        _fold_adapters(loaded.model)
     if int4:
         from attnlab.nn.quantized import quantize
 
         quantize(loaded.model, bits=4)
     return loaded
+
+
+def _fold_adapters(model: nn.Module) -> None:
+    """LoRA folded into the weights; the config forgets adapters that are gone."""
+    from attnlab.nn.adapters import fold_lora
+
+    if not fold_lora(model):
+        model.config = dataclasses.replace(model.config, adapter={})
+    for p in model.parameters():
+        p.requires_grad_(True)  # inference never asks, but a loaded model is a plain one
 
 
 def _loaded(model: nn.Module, tokenizers: dict[str, Tokenizer], path: Path,

@@ -33,9 +33,15 @@ class UsageError(BadInput):
 
 # --- options ---------------------------------------------------------------------------------
 def add_model_arg(p: argparse.ArgumentParser, what: str, required: bool = True,
-                  default: str | None = None) -> None:
-    """``--model``: anything :func:`attnlab.load` resolves; ``what`` says which kinds fit."""
+                  default: str | None = None, adapter: bool = True) -> None:
+    """``--model``: anything :func:`attnlab.load` resolves; ``what`` says which kinds fit.
+    ``--adapter DIR`` (unless ``adapter`` is False): a peft-format adapter to add onto it."""
     p.add_argument("--model", required=required, default=default, help=what)
+    if adapter:
+        p.add_argument("--adapter", metavar="DIR",
+                       help="a LoRA adapter in peft's format (adapter_config.json + "
+                            "adapter_model.safetensors: RUN/adapter from 'train --lora', or "
+                            "one peft made) to add onto --model")
 
 
 def add_out_arg(p: argparse.ArgumentParser, what: str, default: str | None = None,
@@ -114,6 +120,68 @@ def training_layout(args: argparse.Namespace) -> dict[str, object]:
                 activation_checkpointing=args.activation_checkpointing)
 
 
+def add_finetuning_args(p: argparse.ArgumentParser) -> None:
+    """Adapters, discriminative learning rates, progressive unfreezing, warmup ratio."""
+    g = p.add_argument_group("fine-tuning (adapters and schedules)")
+    method = g.add_mutually_exclusive_group()
+    method.add_argument("--lora", type=int, metavar="R",
+                        help="train LoRA adapters of rank R over the frozen model (the task "
+                             "head trains in full); written in peft's format to OUT/adapter")
+    method.add_argument("--bottleneck", type=int, metavar="M",
+                        help="train bottleneck (Houlsby) adapters of size M after attention "
+                             "and the feed-forward instead")
+    g.add_argument("--lora-alpha", type=float, metavar="A",
+                   help="LoRA's scale numerator: the update is (A/R)·BA (default 2R)")
+    g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on LoRA's input")
+    g.add_argument("--lora-targets", metavar="NAMES",
+                   help="comma-separated layer names, peft's or attnlab's: q,v (default for "
+                        "LoRA), query,value, c_attn, q_proj,k_proj,v_proj,o_proj, w1,w2, ...")
+    g.add_argument("--layer-decay", type=float, default=1.0, metavar="XI",
+                   help="discriminative learning rates: each layer's rate is XI times the "
+                        "one above (the course: 0.5); embeddings lowest, heads at the full "
+                        "rate")
+    g.add_argument("--unfreeze-every", type=int, default=0, metavar="N",
+                   help="progressive unfreezing: train the top (head) first and one more "
+                        "layer below it every N steps (0: all at once)")
+    g.add_argument("--warmup-ratio", type=float, metavar="F",
+                   help="warmup over this fraction of --steps (the course: 0.06-0.1); "
+                        "replaces --warmup")
+
+
+def adapter_request(args: argparse.Namespace) -> dict | None:
+    """``--lora R`` / ``--bottleneck M`` and their options, as TrainConfig.adapter."""
+    targets = [t for t in (args.lora_targets or "").split(",") if t] or None
+    base = str(getattr(args, "init", "") or "")
+    if args.lora:
+        if args.lora < 1:
+            raise UsageError(f"--lora must be a rank >= 1, got {args.lora}")
+        return dict(method="lora", r=args.lora, alpha=args.lora_alpha,
+                    dropout=args.lora_dropout, targets=targets, base=base)
+    if args.bottleneck:
+        if args.bottleneck < 1:
+            raise UsageError(f"--bottleneck must be a size >= 1, got {args.bottleneck}")
+        return dict(method="bottleneck", size=args.bottleneck, targets=targets, base=base)
+    if args.lora_targets or args.lora_alpha is not None:
+        raise UsageError("--lora-targets and --lora-alpha need --lora R (or --bottleneck M)")
+    return None
+
+
+def warmup_steps(args: argparse.Namespace) -> int:
+    """Warmup steps: ``--warmup-ratio`` of ``--steps`` when given (the course: 6-10%), else
+    ``--warmup``."""
+    if args.warmup_ratio is None:
+        return args.warmup
+    if not 0 <= args.warmup_ratio < 1:
+        raise UsageError(f"--warmup-ratio must be in [0, 1), got {args.warmup_ratio}")
+    return round(args.warmup_ratio * args.steps)
+
+
+def finetuning(args: argparse.Namespace) -> dict[str, object]:
+    """The :class:`~attnlab.training.TrainConfig` fields of :func:`add_finetuning_args`."""
+    return dict(adapter=adapter_request(args), layer_decay=args.layer_decay,
+                unfreeze_every=args.unfreeze_every)
+
+
 def overrides(args: argparse.Namespace) -> dict[str, object]:
     """``--set KEY=VALUE`` pairs; a value is JSON when it parses, else a bare string."""
     out = {}
@@ -185,7 +253,7 @@ def load_for(args: argparse.Namespace, kind: str) -> tuple[Loaded, torch.device,
     from attnlab.storage import load
 
     device, precision = runtime(args)
-    loaded = load(args.model).expect(kind, args.command)
+    loaded = load(args.model, adapter=args.adapter).expect(kind, args.command)
     loaded.model.to(device)
     return loaded, device, precision
 

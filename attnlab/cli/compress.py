@@ -48,7 +48,7 @@ def cmd_quantize(args: argparse.Namespace) -> None:
     from attnlab.storage import load, save_model_dir
 
     check(args.bits, args.group, args.activations)
-    loaded = load(args.model)
+    loaded = load(args.model, adapter=args.adapter)
     model = loaded.model
     if args.activations == "dynamic" and loaded.kind != "encoder":
         raise UsageError(f"--activations dynamic is for encoders (BERT, MiniLM); {args.model} "
@@ -146,7 +146,7 @@ def cmd_prune(args: argparse.Namespace) -> None:
 
     if (args.heads is None) == (args.sparsity is None):
         raise UsageError("give one of --heads (structured) or --sparsity (unstructured)")
-    loaded = load(args.model)
+    loaded = load(args.model, adapter=args.adapter)
     model, config = loaded.model.float(), loaded.config
     before = sum(p.numel() for p in model.parameters())
     if args.sparsity is not None:

@@ -15,13 +15,16 @@ from pathlib import Path
 
 from attnlab.cli.common import (
     UsageError,
+    add_finetuning_args,
     add_out_arg,
     add_runtime_args,
     add_training_layout_args,
+    finetuning,
     preset_config,
     report_run,
     runtime,
     training_layout,
+    warmup_steps,
 )
 
 
@@ -44,7 +47,7 @@ def _train_config(args: argparse.Namespace, schedule, **fields):
         steps=args.steps, precision=precision, device=str(device), seed=args.seed,
         save_every=args.save_every, time_budget=args.time_budget,
         schedule=schedule_to_dict(schedule), progress=not args.no_progress,
-        eval_every=args.eval_every, **training_layout(args), **fields)
+        eval_every=args.eval_every, **finetuning(args), **training_layout(args), **fields)
 
 
 def cmd_train_distill(args: argparse.Namespace) -> None:
@@ -79,7 +82,7 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
     recipe = DistillRecipe(inner, teacher.model, args.student_layers, preset, args.temperature,
                            args.alpha, args.hidden_weight)
     train_config = _train_config(
-        args, LinearSchedule(args.lr, args.warmup, args.steps), optimizer="adamw",
+        args, LinearSchedule(args.lr, warmup_steps(args), args.steps), optimizer="adamw",
         weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6, patience=args.patience, keep_last=2,
         label_smoothing=0.0)
     done = run(recipe, args.out, teacher.config, train_config, resume=args.resume)
@@ -121,7 +124,7 @@ def _sequence_level(args: argparse.Namespace, teacher) -> None:
         valid = list(zip(read_lines(args.valid_src), read_lines(args.valid_tgt), strict=False))
     shared = src_tok if src_tok.to_dict() == tgt_tok.to_dict() else None
     corpus = Corpus(pairs, valid, "--valid-src/--valid-tgt" if valid else "no validation data")
-    train_config = _train_config(args, NoamSchedule(config.d_model, args.warmup,
+    train_config = _train_config(args, NoamSchedule(config.d_model, max(warmup_steps(args), 1),
                                                     args.lr_factor),
                                  max_tokens=args.max_tokens, label_smoothing=0.1, keep_last=2)
     done = run(TranslationRecipe(corpus, type(src_tok).__name__.removesuffix("Tokenizer")
@@ -181,6 +184,7 @@ def add_subcommand(kinds) -> None:
     d.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     d.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
     add_runtime_args(d)
+    add_finetuning_args(d)
     add_training_layout_args(d)
     d.add_argument("--seed", type=int, default=0, help="seed of weights, data order, dropout")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")

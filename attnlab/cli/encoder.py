@@ -16,7 +16,7 @@ def _encoder(args: argparse.Namespace, head: str | None = None):
     from attnlab.errors import UnsupportedFormat
 
     device, precision = runtime(args)
-    enc = load_encoder(args.model)
+    enc = load_encoder(args.model, args.adapter)
     if head is not None and enc.model.config.head != head:
         raise UnsupportedFormat(f"{enc.path}: model has head={enc.model.config.head!r}, not "
                                 f"{head!r}, which '{args.command}' needs")

@@ -138,7 +138,7 @@ def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str]:
         raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
     args.device = "cpu" if args.device == "auto" else args.device
     device, _ = runtime(args)
-    loaded = load(args.model, int4=True).expect("decoder", args.command)
+    loaded = load(args.model, int4=True, adapter=args.adapter).expect("decoder", args.command)
     loaded.model = for_decoding(loaded.model, device, "bf16", int4=True)
     return loaded, device, "bf16"
 

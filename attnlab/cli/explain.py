@@ -214,7 +214,7 @@ def add_commands(sub) -> None:
     ex.add_argument("sentence", nargs="?", help="the sentence to follow")
     add_model_arg(ex, "minilm, a HF folder or an attnlab run (with a tokenizer); with --image "
                       "a ViT run or HF ViT folder (default: a freshly initialised tiny model, "
-                      "or vit-tiny, random weights)", required=False)
+                      "or vit-tiny, random weights)", required=False, adapter=False)
     ex.add_argument("--image", metavar="SPEC",
                     help="follow an image through a ViT instead: digits:N (image N of the "
                          "digits test split), or a .npy or PNG file of the model's shape")
@@ -244,7 +244,7 @@ def add_commands(sub) -> None:
     add_model_arg(pl, "attention: minilm, a HF BERT folder or a run, with --image a ViT run or "
                       "HF ViT folder (default: a freshly initialised tiny model, or vit-tiny, "
                       "random weights); cross: a translation run or checkpoint (required)",
-                  required=False)
+                  required=False, adapter=False)
     pl.add_argument("--image", metavar="SPEC",
                     help="attention: an image instead of a sentence: digits:N (image N of the "
                          "digits test split), or a .npy or PNG file of the model's shape")

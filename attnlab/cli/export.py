@@ -17,7 +17,7 @@ def cmd_export_gguf(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {args.out}: a GGUF file's name ends in .gguf")
     from attnlab.generation.chat import template_source
 
-    loaded = load(args.model).expect("decoder", "export gguf")
+    loaded = load(args.model, adapter=args.adapter).expect("decoder", "export gguf")
     template = template_source(loaded.path)  # the chat template travels with the model
     path = save_gguf(loaded.model, loaded.tokenizer, args.out, args.type, template)
     print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, matrices in {args.type}"
@@ -35,7 +35,7 @@ def cmd_export_onnx(args: argparse.Namespace) -> None:
 
     require_onnx()  # what can be checked before the model loads, first
     out = check_destination(args.out)
-    loaded = load(args.model)
+    loaded = load(args.model, adapter=args.adapter)
     check_exportable(loaded.model, loaded.path)
     manifest = export_onnx(loaded.model, out,
                            {role: t.to_dict() for role, t in loaded.tokenizers.items()})

@@ -41,7 +41,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if args.draft_int4:  # PyTorch's 4-bit kernel is a CPU one
         args.device = "cpu" if args.device == "auto" else args.device
     device, precision, what = decoding_runtime(args)
-    loaded = load(args.model, int4=args.int4).expect("decoder", "generate")
+    loaded = load(args.model, int4=args.int4, adapter=args.adapter).expect("decoder", "generate")
     tok = loaded.tokenizer
     model = for_decoding(loaded.model, device, precision, args.int4)
     draft, draft_label = (None, "") if args.draft is None else \

@@ -92,7 +92,7 @@ def build_service(args: argparse.Namespace):
             raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
         args.device = "cpu" if args.device == "auto" else args.device
     device, precision = runtime(args)
-    loaded = load(args.model, int4=args.int4)
+    loaded = load(args.model, int4=args.int4, adapter=args.adapter)
     name = args.name or (args.model if not os.path.exists(args.model)
                          else os.path.basename(os.path.normpath(args.model)))
     common = dict(name=name, tokenizer=loaded.tokenizer, token_limit=args.max_tokens,

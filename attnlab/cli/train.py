@@ -9,15 +9,18 @@ from pathlib import Path
 
 from attnlab.cli.common import (
     UsageError,
+    add_finetuning_args,
     add_model_arg,
     add_out_arg,
     add_preset_args,
     add_runtime_args,
     add_training_layout_args,
+    finetuning,
     preset_config,
     report_run,
     runtime,
     training_layout,
+    warmup_steps,
 )
 
 
@@ -27,11 +30,12 @@ def _train_config(args: argparse.Namespace, schedule, **fields):
     from attnlab.training.trainer import TrainConfig
 
     device, precision = runtime(args, say=print)
+    fields.setdefault("patience", args.patience)
     return TrainConfig(
         steps=args.steps, precision=precision, device=str(device), seed=args.seed,
         save_every=args.save_every, time_budget=args.time_budget,
         schedule=schedule_to_dict(schedule), progress=not args.no_progress,
-        **training_layout(args), **fields)
+        **finetuning(args), **training_layout(args), **fields)
 
 
 NO_VALIDATION = ("no validation data: pass --valid-src/--valid-tgt or --holdout N to see "
@@ -49,7 +53,8 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
         raise UsageError(f"--holdout must be >= 1, got {args.holdout}")
     model_config = preset_config(args, "encoder-decoder", "tiny, small, base or big")
     train_config = _train_config(
-        args, NoamSchedule(model_config.d_model, args.warmup, args.lr_factor),
+        args, NoamSchedule(model_config.d_model, max(warmup_steps(args), 1),
+                           args.lr_factor),
         max_tokens=args.max_tokens, accumulate=args.accumulate, compile=args.compile,
         keep_last=args.keep_last, label_smoothing=args.smoothing, eval_every=args.eval_every)
     corpus = load_corpus(args.task, args.src, args.tgt, n_train=args.n_train,
@@ -119,7 +124,7 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
 
     model_config = preset_config(args, "decoder", "gpt-mini or llama-mini")
     train_config = _train_config(
-        args, CosineSchedule(args.lr, args.warmup, args.steps, args.min_lr),
+        args, CosineSchedule(args.lr, warmup_steps(args), args.steps, args.min_lr),
         accumulate=args.accumulate, compile=args.compile, keep_last=args.keep_last,
         label_smoothing=0.0, optimizer="adamw", weight_decay=args.weight_decay,
         betas=(0.9, 0.95), eps=1e-8, eval_every=args.eval_every)
@@ -133,7 +138,8 @@ def _bert_config(args: argparse.Namespace, **fields):
     and decay."""
     from attnlab.training.schedule import LinearSchedule
 
-    return _train_config(args, LinearSchedule(args.lr, args.warmup, args.steps), accumulate=1,
+    return _train_config(args, LinearSchedule(args.lr, warmup_steps(args), args.steps),
+                         accumulate=1,
                          keep_last=2, label_smoothing=0.0, optimizer="adamw",
                          weight_decay=args.weight_decay, betas=(0.9, 0.999), eps=1e-6,
                          eval_every=args.eval_every, **fields)
@@ -154,7 +160,7 @@ def cmd_train_classify(args: argparse.Namespace) -> None:
 
     recipe = ClassifyRecipe(args.data, args.text_field, args.label_field, args.init,
                             args.max_len, args.batch, args.id_field)
-    done = run(recipe, args.out, None, _bert_config(args, patience=args.patience),
+    done = run(recipe, args.out, None, _bert_config(args),
                resume=args.resume)
     r = done.results
     report_run(args.out, done.history, "validation loss",
@@ -171,9 +177,9 @@ def cmd_train_image(args: argparse.Namespace) -> None:
     recipe = ImageRecipe(args.data, args.batch, args.crop)
     model_config = preset_config(args, "vision", "vit-tiny")
     train_config = _train_config(
-        args, CosineSchedule(args.lr, args.warmup, args.steps), keep_last=2,
+        args, CosineSchedule(args.lr, warmup_steps(args), args.steps), keep_last=2,
         label_smoothing=args.smoothing, optimizer="adamw", weight_decay=args.weight_decay,
-        betas=(0.9, 0.999), eps=1e-8, eval_every=args.eval_every, patience=args.patience,
+        betas=(0.9, 0.999), eps=1e-8, eval_every=args.eval_every,
         stop_at_accuracy=args.stop_at_accuracy)
     done = run(recipe, args.out, model_config, train_config, resume=args.resume)
     r, last = done.results, done.history[-1]
@@ -193,8 +199,10 @@ def cmd_average(args: argparse.Namespace) -> None:
 
 # --- options -------------------------------------------------------------------------------
 def _run_args(p: argparse.ArgumentParser, out: str, steps: int, save_every: int = 500,
-              legacy: str | None = "--bf16", time_budget: float | None = None) -> None:
-    """Options every trainer has: length, output folder, resuming, device, seed."""
+              legacy: str | None = "--bf16", time_budget: float | None = None,
+              patience: int = 0) -> None:
+    """Options every trainer has: length, output folder, resuming, device, seed, early
+    stopping, and the fine-tuning options (:func:`add_finetuning_args`)."""
     p.add_argument("--steps", type=int, default=steps, help="optimizer steps")
     p.add_argument("--time-budget", type=float, default=time_budget, metavar="SECONDS",
                    help="stop after this many seconds of training")
@@ -205,6 +213,10 @@ def _run_args(p: argparse.ArgumentParser, out: str, steps: int, save_every: int 
     add_runtime_args(p, legacy=legacy)
     p.add_argument("--seed", type=int, default=0, help="seed of weights, data order, dropout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--patience", type=int, default=patience,
+                   help="early stopping: stop after N validation passes without a better "
+                        "loss and keep the best model in OUT/best (0: never)")
+    add_finetuning_args(p)
     add_training_layout_args(p)
 
 
@@ -312,10 +324,8 @@ def add_commands(sub) -> None:
     cl.add_argument("--id-field", default="id", help="field hashed for the split")
     cl.add_argument("--init", default="minilm",
                     help="encoder to start from: minilm, a HF BERT folder or an attnlab run")
-    cl.add_argument("--patience", type=int, default=3,
-                    help="stop after N validation passes without improvement (0: never)")
     _bert_args(cl, lr=5e-5, warmup=60, eval_every=100)
-    _run_args(cl, "runs/classify", 600)
+    _run_args(cl, "runs/classify", 600, patience=3)
     cl.set_defaults(func=cmd_train_classify)
 
     im = kinds.add_parser(
@@ -337,19 +347,17 @@ def add_commands(sub) -> None:
                          "(0: none)")
     im.add_argument("--eval-every", type=int, default=100,
                     help="steps between validation passes")
-    im.add_argument("--patience", type=int, default=10,
-                    help="stop after N validation passes without a better loss (0: never)")
     im.add_argument("--stop-at-accuracy", type=float, metavar="A",
                     help="stop at the first validation pass with accuracy >= A (0 < A <= 1); "
                          "that model is kept")
-    _run_args(im, "runs/image", 3000, legacy=None, time_budget=120)
+    _run_args(im, "runs/image", 3000, legacy=None, time_budget=120, patience=10)
     im.set_defaults(func=cmd_train_image)
     add_subcommand(kinds)
 
     avg = sub.add_parser("average", help="average the last checkpoints of a run",
                          description="Average the weights of a run's last N checkpoints (the "
                                      "paper averaged the last 5) into a model folder.")
-    add_model_arg(avg, "a run folder (with checkpoints/)")
+    add_model_arg(avg, "a run folder (with checkpoints/)", adapter=False)
     avg.add_argument("--last", type=int, default=5)
     add_out_arg(avg, "the model folder to write (default: RUN/final)")
     avg.set_defaults(func=cmd_average)

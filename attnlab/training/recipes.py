@@ -38,6 +38,7 @@ from attnlab.data import (
     read_text,
 )
 from attnlab.errors import BadInput
+from attnlab.interop import peft
 from attnlab.storage import list_checkpoints, load_weights, save_model_dir
 from attnlab.tokenizers import (
     BPETokenizer,
@@ -116,6 +117,11 @@ def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
         log(f"data: {prepared.summary}")
     torch.manual_seed(train_config.seed)  # the same initial weights for the same seed
     model = recipe.build(prepared).to(hardware.pick_device(train_config.device))
+    if train_config.adapter:  # LoRA or bottleneck adapters over the frozen model
+        request = {k: v for k, v in train_config.adapter.items() if k != "base"}
+        model = peft.adapt(model, peft.adapter_spec(model, **request))
+        if rank == 0:
+            log(f"adapters: {_adapter_summary(model)}")
     tokenizers = {role: tok.to_dict() for role, tok in prepared.tokenizers.items()}
     trainer = Trainer(model, prepared.batches, train_config, out_dir, tokenizers,
                       model.config, prepared.task, prepared.val_batches, log)
@@ -125,7 +131,21 @@ def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
     prepared.state["step"] = trainer.step  # what final/ records it was made at
     model = trainer.full_model()  # whole again, on every rank, if the plan had split it
     results = recipe.finish(model, prepared, out_dir, rank)
+    if model.config.adapter and rank == 0:  # the adapter alone, as peft writes it
+        peft.save_adapter(model, out_dir / "adapter", str(train_config.adapter.get("base", "")))
     return TrainedRun(model.eval(), prepared.tokenizers, history, results)
+
+
+def _adapter_summary(model: nn.Module) -> str:
+    """``LoRA r=8 on 12 layers: 73,728 of 22,786,560 parameters train (0.32%)``."""
+    spec = model.config.adapter
+    what = (f"LoRA r={spec['r']} alpha={spec['alpha']:g}" if spec["method"] == "lora"
+            else f"bottleneck adapters of {spec['size']}")
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    extra = f" and {', '.join(spec['trainable'])} in full" if spec.get("trainable") else ""
+    return (f"{what} on {len(spec['modules'])} layers{extra}: {trained:,} of {total:,} "
+            f"parameters train ({trained / total:.2%})")
 
 
 # --- the families --------------------------------------------------------------------------

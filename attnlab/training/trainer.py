@@ -115,6 +115,10 @@ class Trainer:
         self.scaler = parallel.grad_scaler(self.plan, self.device, self.precision)  # fp16 only
         self.optimizer = build_optimizer(self.trained, config, self.schedule(1),
                                          fused=not (self.scaler and self.plan.sharded))
+        if (config.layer_decay != 1 or config.unfreeze_every) and (
+                self.world > 1 or config.parallel_asked):
+            raise BadInput("layer_decay and unfreeze_every train on one process (no torchrun, "
+                           "--parallel, --tp or --pp)")
         if config.compile:
             self.train_model = torch.compile(self.train_model)
         self.step = self.saved_step = 0
@@ -240,7 +244,8 @@ class Trainer:
         scale = self.plan.dp / global_tokens
         lr = self.schedule(self.step + 1)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # layer decay: ξ^(top − depth)
+        self._unfreeze()
         loss_sum = nll_sum = 0.0
         src_tokens = 0
         for i, batch in enumerate(micro):
@@ -289,6 +294,20 @@ class Trainer:
                 "ppl": math.exp(min(nll_sum / global_tokens, 50)), "lr": lr,
                 "grad_norm": float(grad_norm), "tgt_tokens": global_tokens,
                 "src_tokens": distributed.all_reduce_sum(src_tokens, dp_group)}
+
+    def _unfreeze(self) -> None:
+        """Progressive unfreezing (Howard & Ruder, 2018): the top depth group trains from the
+        start, and one more group below it every ``unfreeze_every`` steps; a frozen group
+        gets no gradient (its optimizer state does not move)."""
+        every = self.cfg.unfreeze_every
+        if not every:
+            return
+        groups = self.optimizer.param_groups
+        top = max(g["depth"] for g in groups)
+        lowest = top - self.step // every  # the lowest depth that trains at this step
+        for group in groups:
+            for p in group["params"]:
+                p.requires_grad_(group["depth"] >= lowest)
 
     def _clip(self) -> torch.Tensor:
         """Clip the norm of the whole model's gradient: over every shard and stage when the

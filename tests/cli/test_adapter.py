@@ -1,0 +1,54 @@
+"""``--adapter DIR`` on the commands that run a model: a peft-format adapter added onto
+``--model``, the same text as the adapted model gives in Python, and one clear line for an
+adapter made for another base model."""
+
+import pytest
+import torch
+
+from attnlab import load
+from attnlab.generation import generate
+from attnlab.interop.peft import adapt, adapter_spec, save_adapter
+from tests.cli.helpers import assert_bad_input, cli
+
+
+@pytest.fixture(scope="module")
+def lm_adapter(lm_run, tmp_path_factory):
+    """A LoRA adapter for the ``lm_run`` model on every projection, with random B (an
+    untrained adapter would change nothing)."""
+    model = load(lm_run).model
+    adapt(model, adapter_spec(model, r=2, targets=["qkv", "out_proj", "w1", "w2"]))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    folder = tmp_path_factory.mktemp("adapter")
+    save_adapter(model, folder, base=str(lm_run))
+    return folder, model.eval()
+
+
+def test_generate_with_an_adapter_is_the_adapted_model(capsys, lm_run, lm_adapter):
+    folder, adapted = lm_adapter
+    loaded = load(lm_run)
+    prompt = "to be"
+    ids = torch.tensor([loaded.tokenizer.encode(prompt)])
+    expected = loaded.tokenizer.decode(generate(adapted, ids, max_new_tokens=12)[0].tolist())
+    plain = loaded.tokenizer.decode(generate(loaded.model, ids, max_new_tokens=12)[0].tolist())
+    assert expected != plain  # the adapter changes the text, so the check below can fail
+    r = cli(capsys, "generate", "--model", lm_run, "--adapter", folder, "--prompt", prompt,
+            "--max-new-tokens", "12", "--device", "cpu", "--quiet")
+    assert r.code == 0, r.err
+    assert r.out.rstrip("\n") == expected
+
+
+def test_an_adapter_for_another_model_is_one_line(capsys, mlm_run, lm_adapter):
+    folder, _ = lm_adapter
+    r = cli(capsys, "embed", "--model", mlm_run.path, "--adapter", folder, "a sentence",
+            "--device", "cpu")
+    assert_bad_input(r, str(folder), "made for a different base model")
+
+
+def test_a_folder_that_is_no_adapter_is_named(capsys, lm_run, tmp_path):
+    r = cli(capsys, "generate", "--model", lm_run, "--adapter", tmp_path, "--prompt", "to",
+            "--device", "cpu")
+    assert_bad_input(r, str(tmp_path), "adapter_config.json")
