@@ -91,3 +91,48 @@ def text_scores(hyps: list[str], refs: list[str], lang: str = "en") -> list[str]
                      f"(P {100 * r.precision:.2f}, R {100 * r.recall:.2f})")
     lines.append(f"ROUGE: mean over {len(hyps)} examples; {rouge_tokenizer(lang)[2]}")
     return lines
+
+
+@dataclass(frozen=True)
+class EntityScores:
+    """Entity-level scores (CoNLL-2003's, as conlleval and seqeval report them): an entity
+    counts as found only when its type and both boundaries match."""
+
+    precision: float
+    recall: float
+    f1: float
+    found: int  # entities predicted
+    expected: int  # entities in the references
+    correct: int
+    per_type: dict[str, tuple[float, float, float, int]]  # type -> (P, R, F1, expected)
+
+
+def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> EntityScores:
+    """P = correct / predicted, R = correct / expected, F1 = 2PR / (P + R), over every
+    sentence's entities (:func:`attnlab.tagging.entities`: seqeval's default mode), micro-
+    averaged; ``per_type`` gives the same for each entity type."""
+    from attnlab.tagging import entities
+
+    if len(gold) != len(pred):
+        raise ValueError(f"{len(gold)} reference sentences but {len(pred)} predicted")
+    true_spans, pred_spans = set(), set()
+    for n, (g, p) in enumerate(zip(gold, pred, strict=True)):
+        if len(g) != len(p):
+            raise ValueError(f"sentence {n}: {len(g)} reference tags but {len(p)} predicted")
+        true_spans |= {(n, *e) for e in entities(g)}
+        pred_spans |= {(n, *e) for e in entities(p)}
+
+    def prf(t: set, p: set) -> tuple[float, float, float]:
+        c = len(t & p)
+        precision = c / len(p) if p else 0.0
+        recall = c / len(t) if t else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if c else 0.0
+        return precision, recall, f1
+
+    types = sorted({e[1] for e in true_spans | pred_spans})
+    per_type = {}
+    for kind in types:
+        t = {e for e in true_spans if e[1] == kind}
+        per_type[kind] = (*prf(t, {e for e in pred_spans if e[1] == kind}), len(t))
+    return EntityScores(*prf(true_spans, pred_spans), len(pred_spans), len(true_spans),
+                        len(true_spans & pred_spans), per_type)

@@ -1,5 +1,5 @@
-"""Encoder (BERT) inference: ``attnlab classify`` and ``attnlab embed``. (Training them is
-``attnlab train mlm|classify``, in :mod:`attnlab.cli.train`.)"""
+"""Encoder (BERT) inference: ``attnlab classify``, ``attnlab embed`` and ``attnlab ner``.
+(Training them is ``attnlab train mlm|classify|ner``, in :mod:`attnlab.cli.train`.)"""
 
 from __future__ import annotations
 
@@ -64,6 +64,30 @@ def cmd_embed(args: argparse.Namespace) -> None:
             print(f"  [{i}] " + "".join(f"{float(cos[i, j]):8.4f}" for j in range(len(inputs))))
 
 
+def cmd_ner(args: argparse.Namespace) -> None:
+    """Each text with its entities in brackets, ``[ORG EU] rejects [MISC German] call``; with
+    ``--json``, one object a text with each entity's type, text and character span."""
+    from attnlab import hardware
+    from attnlab.tagging import tag_text
+
+    enc, device, precision = _encoder(args, head="tokens")
+    inputs = texts(args, skip_blank=True)
+    announce(args, enc.path, device, precision)
+    for text in inputs:
+        with hardware.autocast(device, precision):
+            found = tag_text(enc.model, enc.tokenizer, text)
+        if args.json:
+            print(json.dumps({"text": text, "entities": [
+                {"type": kind, "text": words, "start": a, "end": b}
+                for kind, words, a, b in found]}))
+            continue
+        out, at = [], 0
+        for kind, words, a, b in found:
+            out += [text[at:a], f"[{kind} {words}]"]
+            at = b
+        print("".join([*out, text[at:]]))
+
+
 def add_commands(sub) -> None:
     c = sub.add_parser("classify", help="label texts with a fine-tuned classifier",
                        description="Print the predicted label, its probability and the text.")
@@ -82,3 +106,14 @@ def add_commands(sub) -> None:
     e.add_argument("text", nargs="*", help="sentences (default: stdin, one per line)")
     add_runtime_args(e)
     e.set_defaults(func=cmd_embed)
+
+    n = sub.add_parser("ner", help="tag the named entities of texts",
+                       description="Split each text into words as the model's tokenizer does, "
+                                   "tag every word (BIO) from its first subword, and print "
+                                   "the text with its entities in brackets.")
+    add_model_arg(n, "a run folder from 'attnlab train ner'")
+    n.add_argument("--json", action="store_true",
+                   help="one JSON object a text: its entities' type, text, start and end")
+    n.add_argument("text", nargs="*", help="texts (default: stdin, one per line)")
+    add_runtime_args(n)
+    n.set_defaults(func=cmd_ner)

@@ -279,6 +279,34 @@ def _add_lang(p: argparse.ArgumentParser) -> None:
                         "stemming)")
 
 
+def cmd_evaluate_ner(args: argparse.Namespace) -> None:
+    from attnlab import hardware
+    from attnlab.data.conll import read_conll
+    from attnlab.encoding import load_encoder
+    from attnlab.errors import UnsupportedFormat
+    from attnlab.metrics import entity_scores
+    from attnlab.tagging import predict_tags
+
+    sentences = read_conll(args.data)
+    device, precision = runtime(args)
+    enc = load_encoder(args.model, args.adapter)
+    if enc.model.config.head != "tokens":
+        raise UnsupportedFormat(f"{enc.path}: model has head={enc.model.config.head!r}, not "
+                                "'tokens' (a run of 'attnlab train ner')")
+    enc.model.to(device)
+    announce(args, enc.path, device, precision)
+    with hardware.autocast(device, precision):
+        pred = predict_tags(enc.model, enc.tokenizer, [list(s.words) for s in sentences],
+                            args.batch)
+    scores = entity_scores([list(s.tags) for s in sentences], pred)
+    words = sum(len(s.words) for s in sentences)
+    print(f"{len(sentences):,} sentences, {words:,} words, {scores.expected:,} entities")
+    print(f"entity precision {scores.precision:.4f}, recall {scores.recall:.4f}, "
+          f"F1 {scores.f1:.4f} ({scores.correct:,} of {scores.found:,} found are right)")
+    for kind, (p, r, f, n) in scores.per_type.items():
+        print(f"  {kind:<6} precision {p:.4f}, recall {r:.4f}, F1 {f:.4f} ({n:,} entities)")
+
+
 def add_commands(sub) -> None:
     ev = sub.add_parser("evaluate", help="score a model or a file of outputs: BLEU, chrF, "
                                          "ROUGE, multiple-choice accuracy",
@@ -304,6 +332,16 @@ def add_commands(sub) -> None:
     add_out_arg(tr, "write the translations to this file")
     add_runtime_args(tr)
     tr.set_defaults(func=cmd_evaluate_translate)
+
+    ne = kinds.add_parser("ner", help="entity-level precision, recall and F1 on a CoNLL file",
+                          description="Tag every sentence of a CoNLL file and score the "
+                                      "entities as CoNLL-2003 (conlleval, seqeval) do: a "
+                                      "found entity counts when its type and both ends match.")
+    add_model_arg(ne, "a run folder from 'attnlab train ner'")
+    ne.add_argument("--data", required=True, metavar="FILE", help="a CoNLL file (test.txt)")
+    ne.add_argument("--batch", type=int, default=32, help="sentences per batch")
+    add_runtime_args(ne)
+    ne.set_defaults(func=cmd_evaluate_ner)
 
     tx = kinds.add_parser("text", help="score a hypothesis file against a reference file",
                           description="BLEU, chrF and ROUGE-1/2/L/Lsum of --hyp against --ref, "

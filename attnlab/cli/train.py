@@ -169,6 +169,20 @@ def cmd_train_classify(args: argparse.Namespace) -> None:
                where=f"model in {Path(args.out) / 'final'}")
 
 
+def cmd_train_ner(args: argparse.Namespace) -> None:
+    from attnlab.training.ner import NERRecipe
+    from attnlab.training.recipes import run
+
+    recipe = NERRecipe(args.data, args.init, args.max_len, args.batch)
+    done = run(recipe, args.out, None, _bert_config(args), resume=args.resume)
+    r = done.results
+    report_run(args.out, done.history, "validation loss",
+               [f"{split}: entity precision {r[f'{split}_precision']:.4f}, recall "
+                f"{r[f'{split}_recall']:.4f}, F1 {r[f'{split}_f1']:.4f}"
+                for split in ("dev", "test") if f"{split}_f1" in r],
+               where=f"model in {Path(args.out) / 'final'}")
+
+
 def cmd_train_image(args: argparse.Namespace) -> None:
     from attnlab.training.image import ImageRecipe
     from attnlab.training.recipes import run
@@ -327,6 +341,21 @@ def add_commands(sub) -> None:
     _bert_args(cl, lr=5e-5, warmup=60, eval_every=100)
     _run_args(cl, "runs/classify", 600, patience=3)
     cl.set_defaults(func=cmd_train_classify)
+
+    ner = kinds.add_parser(
+        "ner", help="fine-tune an encoder to tag named entities (CoNLL files)",
+        description="Fine-tune a token classifier from a pretrained encoder on CoNLL files "
+                    "(a word a line, its BIO tag in the last column, a blank line between "
+                    "sentences), each word labelled at its first subword; AdamW, linear warmup "
+                    "and decay, early stopping on the dev file's loss; entity-level P/R/F1 "
+                    "(seqeval's) on dev and test after training.")
+    ner.add_argument("--data", required=True,
+                     help="a folder with train.txt, and dev.txt and test.txt if there are")
+    ner.add_argument("--model", "--init", dest="init", default="minilm",
+                     help="encoder to start from: minilm, a HF BERT folder or an attnlab run")
+    _bert_args(ner, lr=5e-5, warmup=100, eval_every=200)
+    _run_args(ner, "runs/ner", 1400, patience=3)
+    ner.set_defaults(func=cmd_train_ner)
 
     im = kinds.add_parser(
         "image", help="train a Vision Transformer image classifier",

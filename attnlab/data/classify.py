@@ -81,14 +81,20 @@ def encode_examples(examples: list[Example], tokenizer, labels: list[str],
     return out
 
 
-def collate(rows: list[tuple[list[int], int]], pad_id: int) -> LabelledBatch:
-    """``(ids, token_type_ids, attention_mask, labels)``, right-padded to the longest row."""
+def collate(rows: list[tuple[list[int], int | list[int]]], pad_id: int) -> LabelledBatch:
+    """``(ids, token_type_ids, attention_mask, labels)``, right-padded to the longest row.
+    A row's label is one class ``(batch,)``, or one per position (tagging) ``(batch, seq)``,
+    padded with -100, the label the loss ignores."""
     width = max(len(r) for r, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(ids)
-    for i, (r, _) in enumerate(rows):
+    per_position = isinstance(rows[0][1], list)
+    labels = torch.full_like(ids, -100) if per_position else torch.tensor([y for _, y in rows])
+    for i, (r, y) in enumerate(rows):
         ids[i, : len(r)], attention[i, : len(r)] = torch.tensor(r), 1
-    return LabelledBatch(ids, torch.zeros_like(ids), attention, torch.tensor([y for _, y in rows]))
+        if per_position:
+            labels[i, : len(y)] = torch.tensor(y)
+    return LabelledBatch(ids, torch.zeros_like(ids), attention, labels)
 
 
 def fixed_batches(rows: list[tuple[list[int], int]], batch_size: int,

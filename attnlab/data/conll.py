@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from attnlab.config import read_text
 from attnlab.errors import BadInput
+from attnlab.tagging import entities, word_pieces  # noqa: F401  (entities: re-exported)
 
 _TAG = re.compile(r"O|[BI]-\S+")
 
@@ -67,21 +68,25 @@ def read_conll(path: str | os.PathLike) -> list[Sentence]:
     return sentences
 
 
-def entities(tags: list[str] | tuple[str, ...]) -> list[tuple[str, int, int]]:
-    """Entity spans ``(type, start, end)`` (``end`` exclusive) of a BIO tag sequence.
+def encode_sentences(sentences: list[Sentence], tokenizer, labels: list[str],
+                     max_len: int) -> list[tuple[list[int], list[int]]]:
+    """Training rows ``(ids, labels)``: each sentence's chunks framed ``[CLS] … [SEP]``, the
+    word's tag index at its first subword and -100 (ignored) at the others
+    (:mod:`attnlab.tagging`). A tag outside ``labels`` is one error naming it."""
+    index = {name: i for i, name in enumerate(labels)}
+    rows = []
+    chunked = word_pieces(tokenizer, [list(s.words) for s in sentences], max_len)
+    for sentence, chunks in zip(sentences, chunked, strict=True):
+        unknown = [t for t in sentence.tags if t not in index]
+        if unknown:
+            raise BadInput(f"tag {unknown[0]!r} is not one of the training tags {labels}")
+        word_labels = [index[t] for t in sentence.tags]
+        rows += [(chunk.ids, chunk.labels(word_labels)) for chunk in chunks]
+    return rows
 
-    ``B-X`` always begins an entity; ``I-X`` continues the entity before it if that one is of
-    type X, otherwise it begins one; ``O`` ends any entity.
-    """
-    spans: list[tuple[str, int, int]] = []
-    kind, start = None, 0
-    for i, tag in enumerate(tags):
-        prefix, _, name = tag.partition("-")
-        if kind is not None and (prefix != "I" or name != kind):  # the open entity ends
-            spans.append((kind, start, i))
-            kind = None
-        if prefix in ("B", "I") and kind is None:
-            kind, start = name, i
-    if kind is not None:
-        spans.append((kind, start, len(tags)))
-    return spans
+
+def tag_set(sentences: list[Sentence]) -> list[str]:
+    """The tags in use: ``O`` first, then by entity type, ``B-`` before ``I-`` (a fixed order,
+    so the label ids of a run do not depend on the data's order)."""
+    found = {t for s in sentences for t in s.tags} | {"O"}
+    return sorted(found, key=lambda t: (t != "O", t[2:], t[:1]))

@@ -353,20 +353,24 @@ class ClassifyRecipe(Recipe):
                                                      tok.pad_id)})
 
     def build(self, prepared: Prepared) -> nn.Module:
-        """The encoder (and pooler, when it has one) copied from ``init``; the classifier
-        starts at N(0, 0.02)."""
-        model = build_model(prepared.config)
-        state = {k: v for k, v in prepared.state.pop("base").state_dict().items()
-                 if not k.startswith(("mlm.", "nsp.", "classifier."))}
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or any(not k.startswith(("pooler.", "classifier.")) for k in missing):
-            raise BadInput(f"{self.init}: encoder weights do not fit (missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]})")
-        return model
+        return from_encoder(prepared.config, prepared.state.pop("base"), self.init)
 
     def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
                rank: int) -> dict[str, float]:
         return finish_classifier(model, prepared, out_dir, rank)
+
+
+def from_encoder(config: ModelConfig, base: nn.Module, init: str) -> nn.Module:
+    """A model of ``config`` (an encoder with a new head) whose encoder (and pooler, when it
+    has one) is copied from ``base``; the new head starts at N(0, 0.02)."""
+    model = build_model(config)
+    heads = ("mlm.", "nsp.", "classifier.", "qa.") + (() if model.pooler else ("pooler.",))
+    state = {k: v for k, v in base.state_dict().items() if not k.startswith(heads)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(not k.startswith(("pooler.", "classifier.", "qa.")) for k in missing):
+        raise BadInput(f"{init}: encoder weights do not fit (missing {missing[:3]}, "
+                       f"unexpected {unexpected[:3]})")
+    return model
 
 
 def finish_classifier(model: nn.Module, prepared: Prepared, out_dir: Path,

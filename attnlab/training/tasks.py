@@ -104,6 +104,20 @@ class Classify(_EncoderInputs):
         return label_smoothed_loss(self.logits(model, batch), batch.labels, self.epsilon, None)
 
 
+class Tag(_EncoderInputs):
+    """Cross-entropy of one label per position (NER): logits ``(batch, seq, num_labels)``,
+    labels ``(batch, seq)`` with -100 at the positions the loss skips (a word's later
+    subwords, [CLS], [SEP], padding). Validation reports its loss; the entity F1 is scored
+    on words after training (:mod:`attnlab.training.ner`)."""
+
+    def target_tokens(self, batch: LabelledBatch) -> int:
+        return int((batch.labels != -100).sum())
+
+    def loss(self, model: nn.Module, batch: LabelledBatch) -> LossSums:
+        logits = model(batch.ids, batch.token_type_ids, batch.attention_mask)
+        return label_smoothed_loss(logits, batch.labels, 0.0, pad_id=-100)
+
+
 class ImageClassify(Classify):
     """The same loss, one label per image: ``model(images)``; no input tokens are counted."""
 

@@ -1,0 +1,113 @@
+"""Named-entity recognition: a pretrained encoder fine-tuned to tag words with BIO tags from
+CoNLL files (:mod:`attnlab.data.conll`), as transformers' ``run_ner.py`` does it: a linear
+``tokens`` head on the encoder's last layer, trained on each word's first subword
+(:mod:`attnlab.tagging`), no CRF. Validation loss drives early stopping; after training the
+kept model is scored at the entity level (precision, recall, F1: :func:`attnlab.metrics.
+entity_scores`) on the development and test files, whose tags are predicted word by word.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from attnlab import build
+from attnlab.config import ModelConfig
+from attnlab.data.classify import ClassifyBatches, fixed_batches
+from attnlab.data.conll import encode_sentences, read_conll, tag_set
+from attnlab.errors import BadInput, MissingFile
+from attnlab.metrics import entity_scores
+from attnlab.storage import load_weights, save_model_dir
+from attnlab.tagging import predict_tags
+from attnlab.training.recipes import Prepared, Recipe, from_encoder
+from attnlab.training.tasks import Tag
+from attnlab.training.train_config import TrainConfig
+
+SPLITS = ("train", "dev", "test")  # DIR/train.txt, DIR/dev.txt, DIR/test.txt
+
+
+def conll_files(folder: str | Path) -> dict[str, Path]:
+    """The CoNLL files of a data folder: ``train.txt`` (required), ``dev.txt`` and
+    ``test.txt`` (each optional)."""
+    folder = Path(folder)
+    if not (folder / "train.txt").is_file():
+        raise MissingFile(f"{folder}: no train.txt (a folder with train.txt, dev.txt and "
+                          "test.txt in CoNLL format)")
+    return {split: folder / f"{split}.txt" for split in SPLITS
+            if (folder / f"{split}.txt").is_file()}
+
+
+@dataclass
+class NERRecipe(Recipe):
+    """CoNLL ``train.txt`` (and ``dev.txt`` for validation, ``test.txt`` for the last
+    score), fine-tuning the encoder ``init``. Results: entity P/R/F1 on dev and test."""
+
+    arch = "encoder"
+    data: str | Path
+    init: str
+    max_len: int = 128
+    batch_size: int = 32
+
+    def prepare(self, model_config: ModelConfig | None,
+                train_config: TrainConfig) -> Prepared:
+        from attnlab.storage import load
+
+        files = conll_files(self.data)
+        parts = {split: read_conll(path) for split, path in files.items()}
+        tags = tag_set(parts["train"])
+        base = load(self.init).expect("encoder", "train ner")
+        tok = base.tokenizer
+        if not hasattr(tok, "backend"):
+            raise BadInput(f"{self.init}: NER needs a WordPiece tokenizer (a BERT-family "
+                           "model), not a character or word one")
+        max_len = min(self.max_len, base.max_len)
+        config = dataclasses.replace(base.config, head="tokens", num_labels=len(tags),
+                                     extra={**base.config.extra, "labels": tags})
+        build.check_training_memory(config, self.batch_size, max_len,
+                                    f"--max-len {self.max_len} --batch {self.batch_size}",
+                                    train_config.device_for_memory)
+        rows = {}
+        for split, sentences in parts.items():
+            try:
+                rows[split] = encode_sentences(sentences, tok, tags, max_len)
+            except BadInput as e:
+                raise BadInput(f"{files[split]}: {e}") from None
+        val = fixed_batches(rows["dev"], self.batch_size, tok.pad_id) if "dev" in rows else None
+        words = {split: sum(len(s.words) for s in part) for split, part in parts.items()}
+        summary = (", ".join(f"{split} {len(parts[split]):,} sentences ({words[split]:,} words)"
+                             for split in parts)
+                   + f"; tags {tags}; inputs cut to {max_len} tokens")
+        return Prepared(config, {"text": tok},
+                        ClassifyBatches(rows["train"], self.batch_size, tok.pad_id,
+                                        train_config.seed),
+                        Tag(), summary, val_batches=val,
+                        state={"base": base.model, "sentences": parts, "max_len": max_len})
+
+    def build(self, prepared: Prepared) -> nn.Module:
+        return from_encoder(prepared.config, prepared.state.pop("base"), self.init)
+
+    def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
+               rank: int) -> dict[str, float]:
+        """The kept model (``best/`` when early stopping kept one) scored on dev and test,
+        then written to ``final/``."""
+        if (out_dir / "best").exists():
+            load_weights(model, out_dir / "best")
+        model.eval()
+        results = {}
+        tok = prepared.tokenizers["text"]
+        for split in ("dev", "test"):
+            sentences = prepared.state["sentences"].get(split)
+            if sentences:
+                pred = predict_tags(model, tok, [list(s.words) for s in sentences],
+                                    max_len=prepared.state["max_len"])
+                scores = entity_scores([list(s.tags) for s in sentences], pred)
+                results.update({f"{split}_precision": scores.precision,
+                                f"{split}_recall": scores.recall, f"{split}_f1": scores.f1})
+        if rank == 0:
+            save_model_dir(out_dir / "final", model, model.config,
+                           {k: t.to_dict() for k, t in prepared.tokenizers.items()},
+                           step=prepared.state["step"])
+        return results
