@@ -25,7 +25,7 @@ CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("post", "pre"),
     "activation": ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"),
-    "head": ("none", "mlm", "pretraining", "classify", "tokens", "discriminator"),
+    "head": ("none", "mlm", "pretraining", "classify", "tokens", "qa", "discriminator"),
 }
 _ROPE_OPTIONAL = ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
                   "attention_factor", "mscale", "mscale_all_dim")

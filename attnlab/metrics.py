@@ -136,3 +136,37 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]]) -> EntityScores:
         per_type[kind] = (*prf(t, {e for e in pred_spans if e[1] == kind}), len(t))
     return EntityScores(*prf(true_spans, pred_spans), len(pred_spans), len(true_spans),
                         len(true_spans & pred_spans), per_type)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's official normalisation: lower-case, punctuation removed, the articles a, an
+    and the removed, whitespace collapsed."""
+    import string
+
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def squad_scores(predictions: list[str], answers: list[list[str]]) -> tuple[float, float]:
+    """``(exact_match, f1)`` in percent, as SQuAD v1.1's evaluation script computes them: per
+    question the best over its reference answers of exact match of the normalised strings,
+    and of the F1 of their words (counted with multiplicity); then the mean."""
+    from collections import Counter
+
+    if len(predictions) != len(answers):
+        raise ValueError(f"{len(predictions)} predictions for {len(answers)} questions")
+
+    def f1(pred: str, ref: str) -> float:
+        p, r = normalize_answer(pred).split(), normalize_answer(ref).split()
+        same = sum((Counter(p) & Counter(r)).values())
+        if same == 0:
+            return 0.0
+        precision, recall = same / len(p), same / len(r)
+        return 2 * precision * recall / (precision + recall)
+
+    em = sum(max(normalize_answer(p) == normalize_answer(a) for a in refs)
+             for p, refs in zip(predictions, answers, strict=True))
+    f = sum(max(f1(p, a) for a in refs) for p, refs in zip(predictions, answers, strict=True))
+    n = max(len(predictions), 1)
+    return 100 * em / n, 100 * f / n

@@ -22,7 +22,7 @@ LAYERS = [
     {"models"},
     {"interop", "storage", "build", "compression"},
     {"data", "generation", "encoding", "viz", "explain", "training", "metrics", "fewshot",
-     "serving", "tagging"},
+     "serving", "tagging", "qa"},
     {"demo"},
     {"cli"},
 ]

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 COMMANDS = {
     "info": "info", "train": "train", "average": "train", "generate": "generate",
     "translate": "translate", "evaluate": "evaluate", "classify": "encoder",
-    "embed": "encoder", "ner": "encoder", "explain": "explain", "plot": "explain",
+    "embed": "encoder", "ner": "encoder", "qa": "encoder", "explain": "explain", "plot": "explain",
     "tokenize": "tokenize",
     "quantize": "compress", "prune": "compress", "export": "export", "serve": "serve",
     "demo": "demo", "chat": "chat",

@@ -88,6 +88,30 @@ def cmd_ner(args: argparse.Namespace) -> None:
         print("".join([*out, text[at:]]))
 
 
+def cmd_qa(args: argparse.Namespace) -> None:
+    """The answer's text; with ``--json`` also its score and character span."""
+    from attnlab import hardware
+    from attnlab.cli.common import read_text_file
+    from attnlab.qa import answer
+
+    enc, device, precision = _encoder(args, head="qa")
+    context = read_text_file(args.context)
+    window = enc.model.config.extra.get("qa_window", {})
+    max_len = args.max_len or window.get("max_len") or min(384, enc.max_len)
+    stride = args.stride or window.get("stride") or max_len // 3
+    questions = texts(args, skip_blank=True)
+    announce(args, enc.path, device, precision)
+    for question in questions:
+        with hardware.autocast(device, precision):
+            text, score, start, end = answer(enc.model, enc.tokenizer, question, context,
+                                             max_len, stride, args.max_answer_len)
+        if args.json:
+            print(json.dumps({"question": question, "answer": text, "score": round(score, 4),
+                              "start": start, "end": end}))
+        else:
+            print(text)
+
+
 def add_commands(sub) -> None:
     c = sub.add_parser("classify", help="label texts with a fine-tuned classifier",
                        description="Print the predicted label, its probability and the text.")
@@ -117,3 +141,18 @@ def add_commands(sub) -> None:
     n.add_argument("text", nargs="*", help="texts (default: stdin, one per line)")
     add_runtime_args(n)
     n.set_defaults(func=cmd_ner)
+
+    q = sub.add_parser("qa", help="answer questions from a context (extractive)",
+                       description="Read the context in overlapping windows and print the "
+                                   "span of it with the highest start + end logit.")
+    add_model_arg(q, "a run folder from 'attnlab train qa'")
+    q.add_argument("--context", required=True, metavar="FILE", help="a UTF-8 text file")
+    q.add_argument("--max-len", type=int, help="window length in tokens (default: the run's)")
+    q.add_argument("--stride", type=int, help="tokens windows share (default: the run's)")
+    q.add_argument("--max-answer-len", type=int, default=30, help="longest answer, in tokens")
+    q.add_argument("--json", action="store_true",
+                   help="one JSON object a question: answer, score, start, end")
+    q.add_argument("text", nargs="*", metavar="QUESTION",
+                   help="questions (default: stdin, one per line)")
+    add_runtime_args(q)
+    q.set_defaults(func=cmd_qa)

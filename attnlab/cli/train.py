@@ -183,6 +183,21 @@ def cmd_train_ner(args: argparse.Namespace) -> None:
                where=f"model in {Path(args.out) / 'final'}")
 
 
+def cmd_train_qa(args: argparse.Namespace) -> None:
+    from attnlab.training.qa import QARecipe, article_range
+    from attnlab.training.recipes import run
+
+    recipe = QARecipe(args.data, args.init, article_range(args.train_articles),
+                      article_range(args.eval_articles), args.max_len, args.stride, args.batch,
+                      args.max_answer_len)
+    done = run(recipe, args.out, None, _bert_config(args), resume=args.resume)
+    r = done.results
+    report_run(args.out, done.history, "validation loss",
+               [f"held-out articles: exact match {r['exact_match']:.2f}, F1 {r['f1']:.2f} "
+                f"on {r['questions']:,} questions"],
+               where=f"model in {Path(args.out) / 'final'}")
+
+
 def cmd_train_image(args: argparse.Namespace) -> None:
     from attnlab.training.image import ImageRecipe
     from attnlab.training.recipes import run
@@ -356,6 +371,29 @@ def add_commands(sub) -> None:
     _bert_args(ner, lr=5e-5, warmup=100, eval_every=200)
     _run_args(ner, "runs/ner", 1400, patience=3)
     ner.set_defaults(func=cmd_train_ner)
+
+    qa = kinds.add_parser(
+        "qa", help="fine-tune an encoder for extractive question answering (SQuAD format)",
+        description="Fine-tune a span head (start and end logits) from a pretrained encoder on "
+                    "SQuAD-format questions: contexts cut into windows of --max-len tokens "
+                    "overlapping by --stride, the answer's first and last token as targets; "
+                    "AdamW, linear warmup and decay, early stopping on the held-out loss; "
+                    "SQuAD exact match and F1 on the held-out articles after training.")
+    qa.add_argument("--data", required=True,
+                    help="a SQuAD JSON file (.json or .json.gz), e.g. dev-v1.1.json.gz")
+    qa.add_argument("--train-articles", default="0-37", metavar="FIRST-LAST",
+                    help="articles (0-based, both ends included) to train on")
+    qa.add_argument("--eval-articles", default="38-47", metavar="FIRST-LAST",
+                    help="articles to validate and score on")
+    qa.add_argument("--model", "--init", dest="init", default="minilm",
+                    help="encoder to start from: minilm, a HF BERT folder or an attnlab run")
+    qa.add_argument("--stride", type=int, default=128,
+                    help="context tokens shared by consecutive windows")
+    qa.add_argument("--max-answer-len", type=int, default=30, help="longest answer, in tokens")
+    _bert_args(qa, lr=5e-5, warmup=100, eval_every=200)
+    qa.set_defaults(max_len=384, batch=16)
+    _run_args(qa, "runs/qa", 1000, patience=3)
+    qa.set_defaults(func=cmd_train_qa)
 
     im = kinds.add_parser(
         "image", help="train a Vision Transformer image classifier",

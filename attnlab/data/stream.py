@@ -48,7 +48,7 @@ class LabelledBatch(NamedTuple):
     ids: Tensor  # (batch, seq)
     token_type_ids: Tensor  # (batch, seq)
     attention_mask: Tensor  # (batch, seq), 1 at real tokens
-    labels: Tensor  # (batch,)
+    labels: Tensor  # (batch,) a class; (batch, seq) a tag (NER); (batch, 2) a span (QA)
 
 
 class ImageBatch(NamedTuple):

@@ -24,7 +24,8 @@ from attnlab.interop.huggingface import (
 )
 
 _CLASSES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForPreTraining": "pretraining",
-            "BertForSequenceClassification": "classify", "BertForTokenClassification": "tokens"}
+            "BertForSequenceClassification": "classify", "BertForTokenClassification": "tokens",
+            "BertForQuestionAnswering": "qa"}
 _HEADS = {head: cls for cls, head in _CLASSES.items()}
 
 # transformers' BertConfig defaults, for fields a config.json may leave out
@@ -175,6 +176,8 @@ def bert_weights(c: ModelConfig):
         rows += linear_rows([("nsp", "cls.seq_relationship")])
     if c.head in ("classify", "tokens"):
         rows += linear_rows([("classifier", "classifier")])
+    if c.head == "qa":
+        rows += linear_rows([("qa", "qa_outputs")])
     return [(ours, theirs, False) for ours, theirs in rows]
 
 

@@ -46,7 +46,9 @@ PREFIX = "base_model.model."
 BOTTLENECK = "ATTNLAB_BOTTLENECK"
 SHORT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"}
 DEFAULT_TARGETS = ("q_proj", "v_proj", "qkv")  # peft's defaults for BERT, GPT-2 and Llama
-HEADS = ("classifier",)  # task heads a fine-tuning run trains in full (peft's modules_to_save)
+# task heads a fine-tuning run trains in full (peft's modules_to_save): a classifier or
+# tagger's, and question answering's span head (transformers' qa_outputs)
+HEADS = ("classifier", "qa")
 _TASK_TYPES = {"decoder": "CAUSAL_LM", "encoder-decoder": "SEQ_2_SEQ_LM"}
 # peft options that change what a LoRA layer computes; attnlab reads none of them
 _UNREAD = {"use_dora": False, "use_rslora": False, "lora_bias": False, "bias": "none",
@@ -164,9 +166,10 @@ def _peft_config(config: ModelConfig, base: str) -> dict[str, Any]:
     exact = {n for n in every if any(_matches(n, leaf) for leaf in leaves)} == set(chosen)
     # the leaf names when they select exactly these layers, else a regex of their full names
     targets: list[str] | str = leaves if exact else "|".join(map(re.escape, chosen))
-    saved = sorted({m.rsplit(".", 1)[-1] for m in spec.get("trainable", [])}) or None
-    task = ("TOKEN_CLS" if config.head == "tokens" else "SEQ_CLS" if config.head == "classify"
-            else _TASK_TYPES.get(config.arch, "FEATURE_EXTRACTION"))
+    saved = sorted({names.get(m, m).rsplit(".", 1)[-1]
+                    for m in spec.get("trainable", [])}) or None
+    task = {"tokens": "TOKEN_CLS", "classify": "SEQ_CLS", "qa": "QUESTION_ANS"}.get(
+        config.head, _TASK_TYPES.get(config.arch, "FEATURE_EXTRACTION"))
     fields = dict(base_model_name_or_path=base or None, task_type=task, modules_to_save=saved,
                   target_modules=targets, inference_mode=True, **_UNREAD)
     if spec["method"] == "lora":

@@ -24,6 +24,8 @@ The heads (``config.head``):
                    sentence-order) prediction
     classify       W_c · Dropout(pooled)             (batch, num_labels): sequence labels
     tokens         W_c · Dropout(h)                  (batch, seq, num_labels): tagging
+    qa             W_s · h  split into start, end    (batch, seq) each: extractive question
+                   answering's span logits (an answer runs from argmax start to end)
     discriminator  w · act(W_d·h + b_d) + c          (batch, seq): ELECTRA's "was this token
                    replaced?" logit per position
     none           the hidden states themselves      (batch, seq, d_model)
@@ -98,6 +100,7 @@ class BERT(nn.Module):
         self.classifier = (nn.Linear(d, config.num_labels) if head in ("classify", "tokens")
                            else None)
         self.discriminator = DiscriminatorHead(config) if head == "discriminator" else None
+        self.qa = nn.Linear(d, 2) if head == "qa" else None  # transformers' qa_outputs
         self.head_dropout = nn.Dropout(config.dropout)
         self._init_weights()
 
@@ -168,7 +171,8 @@ class BERT(nn.Module):
     def forward(self, ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, need_weights: bool = False,
                 masked_positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        """The head's output (module docstring); ``(mlm, nsp)`` logits for ``pretraining``.
+        """The head's output (module docstring); ``(mlm, nsp)`` logits for ``pretraining``,
+        ``(start, end)`` for ``qa``.
 
         ``masked_positions (batch, seq)`` bool: the mlm logits only where it is True,
         ``(n_selected, vocab)`` — pretraining predicts ~15% of positions, so the vocabulary
@@ -185,6 +189,9 @@ class BERT(nn.Module):
             return self.classifier(self.head_dropout(self.pool(h)))
         if head == "discriminator":
             return self.discriminator(h)
+        if head == "qa":
+            start, end = self.qa(h).unbind(-1)
+            return start, end
         return self.classifier(self.head_dropout(h))  # tokens
 
     def components(self) -> OrderedDict[str, list[nn.Module]]:
@@ -194,7 +201,7 @@ class BERT(nn.Module):
                              ("encoder layer (one)", [self.encoder.layers[0]]),
                              ("encoder", [self.encoder])])
         heads = [m for m in (self.pooler, self.mlm, self.nsp, self.classifier,
-                             self.discriminator) if m is not None]
+                             self.discriminator, self.qa) if m is not None]
         if heads:
             parts["pooler and heads"] = heads
         return parts

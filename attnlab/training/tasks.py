@@ -118,6 +118,21 @@ class Tag(_EncoderInputs):
         return label_smoothed_loss(logits, batch.labels, 0.0, pad_id=-100)
 
 
+class Span(_EncoderInputs):
+    """Extractive QA: the cross-entropy of the answer's first token under the start logits
+    and of its last under the end logits, halved (``(L_start + L_end) / 2`` per window, as
+    BERT and transformers' ``BertForQuestionAnswering`` train). Labels ``(batch, 2)``."""
+
+    def target_tokens(self, batch: LabelledBatch) -> int:
+        return batch.labels.shape[0]
+
+    def loss(self, model: nn.Module, batch: LabelledBatch) -> LossSums:
+        start, end = model(batch.ids, batch.token_type_ids, batch.attention_mask)
+        a = label_smoothed_loss(start[:, None], batch.labels[:, :1], 0.0, None)
+        b = label_smoothed_loss(end[:, None], batch.labels[:, 1:], 0.0, None)
+        return LossSums((a.loss + b.loss) / 2, (a.nll + b.nll) / 2, a.tokens)
+
+
 class ImageClassify(Classify):
     """The same loss, one label per image: ``model(images)``; no input tokens are counted."""
 

@@ -1,0 +1,121 @@
+"""SQuAD files (Rajpurkar et al., 2016): JSON, optionally gzipped, ``{"data": [article, ...]}``
+with each article ``{"title", "paragraphs": [{"context", "qas": [{"id", "question",
+"answers": [{"text", "answer_start"}]}]}]}``. The file is untrusted: every field is checked,
+and a wrong one is one error naming the file and the question or article.
+
+Training features follow transformers' ``run_qa.py`` for SQuAD v1: each window of a
+question (:func:`attnlab.qa.windows`) is one training row whose target is the first
+answer's first and last token when the whole answer is in the window, else [CLS] (position
+0) for both.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnlab.data.classify import ClassifyBatches
+from attnlab.data.stream import LabelledBatch
+from attnlab.errors import BadInput, MissingFile
+from attnlab.qa import windows
+from attnlab.tagging import padded
+
+MAX_BYTES = 1 << 30  # a SQuAD file larger than this (decompressed) is refused
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    article: int  # the article's index in the file
+    question: str
+    context: str
+    answers: tuple[str, ...]
+    starts: tuple[int, ...]  # each answer's first character in the context
+
+
+def read_squad(path: str | os.PathLike, articles: range | None = None) -> list[Question]:
+    """The questions of a SQuAD file, of the articles whose index is in ``articles`` (all
+    when None)."""
+    path = Path(path)
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            raw = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise MissingFile(f"SQuAD file not found: {path}") from None
+    except (OSError, EOFError) as e:
+        raise BadInput(f"{path}: not readable ({e})") from None
+    if len(raw) > MAX_BYTES:
+        raise BadInput(f"{path}: larger than {MAX_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))["data"]
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:
+        raise BadInput(f"{path}: not a SQuAD JSON file ({e})") from None
+    except (KeyError, TypeError):
+        raise BadInput(f"{path}: no top-level \"data\" list (not a SQuAD file)") from None
+    if not isinstance(data, list):
+        raise BadInput(f"{path}: \"data\" is not a list of articles")
+    out = []
+    for a, article in enumerate(data):
+        if articles is not None and a not in articles:
+            continue
+        try:
+            for paragraph in article["paragraphs"]:
+                context = paragraph["context"]
+                for qa in paragraph["qas"]:
+                    out.append(_question(qa, a, context))
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadInput(f"{path}: article {a}: missing or malformed field {e}") from None
+    if not out:
+        raise BadInput(f"{path}: no questions in articles {articles}")
+    return out
+
+
+def _question(qa: dict, article: int, context: str) -> Question:
+    texts = tuple(str(x["text"]) for x in qa["answers"])
+    starts = tuple(int(x["answer_start"]) for x in qa["answers"])
+    if not isinstance(context, str) or not isinstance(qa["question"], str) or not texts:
+        raise ValueError(f"question {qa.get('id')!r}: a context, question and answers")
+    for text, start in zip(texts, starts, strict=True):
+        if context[start : start + len(text)] != text:
+            raise ValueError(f"question {qa['id']!r}: answer {text!r} is not at character "
+                             f"{start} of its context")
+    return Question(str(qa["id"]), article, qa["question"], context, texts, starts)
+
+
+def training_rows(questions: list[Question], tokenizer, max_len: int,
+                  stride: int) -> list[tuple[list[int], list[int], int, int]]:
+    """``(ids, token_types, start, end)`` for every window of every question."""
+    rows = []
+    for q in questions:
+        first, last = q.starts[0], q.starts[0] + len(q.answers[0])
+        for w in windows(tokenizer, q.question, q.context, max_len, stride):
+            where = w.position_of(first, last)
+            rows.append((w.ids, w.types, *(where if where is not None else (0, 0))))
+    return rows
+
+
+def collate_spans(rows: list[tuple[list[int], list[int], int, int]], pad_id: int) -> LabelledBatch:
+    """``(ids, token_type_ids, attention_mask, labels (batch, 2))``, right-padded."""
+    ids, mask = padded([r[0] for r in rows], pad_id)
+    types, _ = padded([r[1] for r in rows], 0)
+    return LabelledBatch(ids, types, mask, torch.tensor([[r[2], r[3]] for r in rows]))
+
+
+def fixed_span_batches(rows, batch_size: int, pad_id: int) -> list[LabelledBatch]:
+    """Validation batches in a fixed order, by length."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
+    return [collate_spans([rows[i] for i in order[s : s + batch_size]], pad_id)
+            for s in range(0, len(order), batch_size)]
+
+
+class SpanBatches(ClassifyBatches):
+    """Endless shuffled training batches of windows, as :class:`ClassifyBatches` draws them."""
+
+    @staticmethod
+    def collate(rows: list, pad_id: int) -> LabelledBatch:
+        return collate_spans(rows, pad_id)

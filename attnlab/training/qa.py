@@ -1,0 +1,112 @@
+"""Extractive question answering: a pretrained encoder fine-tuned on SQuAD-format data with a
+span head (:mod:`attnlab.qa`), as transformers' ``run_qa.py`` does it: windows of ``max_len``
+tokens overlapping by ``stride``, the answer's first and last token as targets (the [CLS]
+position when the answer is not in the window). Training and evaluation questions come
+from two ranges of articles of one file, so that no article is on both sides (SQuAD's
+training set is not needed: ``dev-v1.1.json`` articles 0-37 train, 38-47 evaluate). After
+training the kept model answers every evaluation question; results are SQuAD's exact match
+and F1 (:func:`attnlab.metrics.squad_scores`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from attnlab import build
+from attnlab.config import ModelConfig
+from attnlab.data.squad import SpanBatches, fixed_span_batches, read_squad, training_rows
+from attnlab.errors import BadInput
+from attnlab.metrics import squad_scores
+from attnlab.qa import answer_many
+from attnlab.storage import load_weights, save_model_dir
+from attnlab.training.recipes import Prepared, Recipe, from_encoder
+from attnlab.training.tasks import Span
+from attnlab.training.train_config import TrainConfig
+
+
+def article_range(text: str) -> range:
+    """``"0-37"`` -> ``range(0, 38)`` (both ends included); ``"5"`` -> ``range(5, 6)``."""
+    try:
+        first, _, last = text.partition("-")
+        lo, hi = int(first), int(last or first)
+    except ValueError:
+        raise BadInput(f"article range {text!r}: expected FIRST-LAST, e.g. 0-37") from None
+    if lo < 0 or hi < lo:
+        raise BadInput(f"article range {text!r}: expected 0 <= FIRST <= LAST")
+    return range(lo, hi + 1)
+
+
+@dataclass
+class QARecipe(Recipe):
+    """SQuAD questions of ``train_articles`` to train on, of ``eval_articles`` to validate and
+    score; ``init`` the encoder to start from. Results: ``exact_match`` and ``f1``."""
+
+    arch = "encoder"
+    data: str | Path
+    init: str
+    train_articles: range
+    eval_articles: range
+    max_len: int = 384
+    stride: int = 128
+    batch_size: int = 16
+    max_answer_len: int = 30
+
+    def prepare(self, model_config: ModelConfig | None,
+                train_config: TrainConfig) -> Prepared:
+        from attnlab.storage import load
+
+        if set(self.train_articles) & set(self.eval_articles):
+            raise BadInput("the training and evaluation article ranges overlap")
+        train = read_squad(self.data, self.train_articles)
+        held_out = read_squad(self.data, self.eval_articles)
+        base = load(self.init).expect("encoder", "train qa")
+        tok = base.tokenizer
+        if not hasattr(tok, "backend"):
+            raise BadInput(f"{self.init}: question answering needs a WordPiece tokenizer (a "
+                           "BERT-family model)")
+        max_len = min(self.max_len, base.max_len)
+        if self.stride >= max_len // 2:
+            raise BadInput(f"--stride {self.stride} must be below half of --max-len {max_len}")
+        window = {"max_len": max_len, "stride": self.stride}  # what `attnlab qa` reads with
+        config = dataclasses.replace(base.config, head="qa", num_labels=2,
+                                     extra={**base.config.extra, "qa_window": window})
+        build.check_training_memory(config, self.batch_size, max_len,
+                                    f"--max-len {self.max_len} --batch {self.batch_size}",
+                                    train_config.device_for_memory)
+        rows = training_rows(train, tok, max_len, self.stride)
+        val_rows = training_rows(held_out, tok, max_len, self.stride)
+        summary = (f"{len(train):,} training questions ({len(rows):,} windows) from articles "
+                   f"{self.train_articles.start}-{self.train_articles.stop - 1}, "
+                   f"{len(held_out):,} evaluation questions from articles "
+                   f"{self.eval_articles.start}-{self.eval_articles.stop - 1}; windows of "
+                   f"{max_len} tokens, stride {self.stride}")
+        return Prepared(config, {"text": tok},
+                        SpanBatches(rows, self.batch_size, tok.pad_id, train_config.seed),
+                        Span(), summary,
+                        val_batches=fixed_span_batches(val_rows, self.batch_size, tok.pad_id),
+                        state={"base": base.model, "eval": held_out, "max_len": max_len})
+
+    def build(self, prepared: Prepared) -> nn.Module:
+        return from_encoder(prepared.config, prepared.state.pop("base"), self.init)
+
+    def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
+               rank: int) -> dict[str, float]:
+        """The kept model (``best/`` when early stopping kept one) answers every evaluation
+        question; SQuAD's EM and F1; the model is written to ``final/``."""
+        if (out_dir / "best").exists():
+            load_weights(model, out_dir / "best")
+        model.eval()
+        questions = prepared.state["eval"]
+        found = answer_many(model, prepared.tokenizers["text"],
+                            [(q.question, q.context) for q in questions],
+                            prepared.state["max_len"], self.stride, self.max_answer_len)
+        em, f1 = squad_scores([text for text, *_ in found], [list(q.answers) for q in questions])
+        if rank == 0:
+            save_model_dir(out_dir / "final", model, model.config,
+                           {k: t.to_dict() for k, t in prepared.tokenizers.items()},
+                           step=prepared.state["step"])
+        return {"exact_match": em, "f1": f1, "questions": len(questions)}
