@@ -382,7 +382,11 @@ def save_model_dir(final: str | os.PathLike, model: nn.Module, config: ModelConf
                                                         indent=1))
         if step is not None:
             (tmp / STEP_FILE).write_text(json.dumps({"step": step}))
-        for name, write in (extra_files or {}).items():
+        spec = quantized.spec_of(model)  # integer layers: the folder says which (and how)
+        extra_files = dict(extra_files or {})
+        if spec is not None and quantized.SPEC_FILE not in extra_files:
+            extra_files[quantized.SPEC_FILE] = quantized.write_spec(spec)
+        for name, write in extra_files.items():
             write(tmp / name)
         for f in tmp.iterdir():
             _fsync(f)

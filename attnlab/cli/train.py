@@ -128,7 +128,11 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
         accumulate=args.accumulate, compile=args.compile, keep_last=args.keep_last,
         label_smoothing=0.0, optimizer="adamw", weight_decay=args.weight_decay,
         betas=(0.9, 0.95), eps=1e-8, eval_every=args.eval_every)
-    done = run(LMRecipe(args.text, args.block, args.batch, args.tokenizer, args.bpe_dir),
+    if args.int4 and not args.lora:
+        raise UsageError("--int4 keeps the base frozen in 4 bits: train adapters over it with "
+                         "--lora R")
+    done = run(LMRecipe(args.text, args.block, args.batch, args.tokenizer, args.bpe_dir,
+                        init=args.init, int4=args.int4),
                args.out, model_config, train_config, resume=args.resume)
     report_run(args.out, done.history, "validation loss")
 
@@ -312,6 +316,12 @@ def add_commands(sub) -> None:
                     "linear warmup + cosine decay, gradient clipping; the last 10% of the "
                     "text is the validation split.")
     lm.add_argument("--text", required=True, help="a UTF-8 text file")
+    lm.add_argument("--init", "--model", dest="init", metavar="MODEL",
+                    help="fine-tune this language model (a run, an HF folder, a .gguf file or "
+                         "smollm2) with its own tokenizer, instead of a new --preset model")
+    lm.add_argument("--int4", action="store_true",
+                    help="hold --init's weight matrices as frozen 4-bit codes and train "
+                         "--lora adapters over them (QLoRA, on the CPU)")
     lm.add_argument("--tokenizer", choices=["char", "gpt2"], default="char")
     lm.add_argument("--bpe-dir", help="folder with GPT-2's encoder.json and vocab.bpe")
     add_preset_args(lm, "gpt-mini")

@@ -79,6 +79,25 @@ def warn_if_slow(spec: dict, where: str | Path) -> None:
         warnings.warn(f"{where}: {slow}", stacklevel=3)
 
 
+def spec_of(model: nn.Module) -> dict | None:
+    """The spec of the integer layers a model holds (None when it holds none), so that a
+    model quantised in memory (``--int4``, a QLoRA run's frozen base) is saved as a quantised
+    folder; layers of different widths in one model are refused (one spec per folder)."""
+    from attnlab.nn.quantized import Int4Linear, Int8Linear
+
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, (Int4Linear, Int8Linear))}
+    if not layers:
+        return None
+    kinds = {(getattr(m, "bits", 8), getattr(m, "group_size", 32),
+              getattr(m, "activations", "float")) for m in layers.values()}
+    if len(kinds) > 1:
+        raise BadInput(f"the model mixes integer layers of several kinds {sorted(kinds)}: "
+                       "one quantization.json cannot describe them")
+    (bits, group_size, activations), = kinds
+    return {"format": FORMAT, "bits": bits, "group_size": group_size,
+            "activations": activations, "modules": list(layers)}
+
+
 def write_spec(spec: dict):
     """A writer for ``save_model_dir``'s ``extra_files``."""
     return lambda path: Path(path).write_text(json.dumps(spec, indent=1))
@@ -120,5 +139,5 @@ def apply_spec(model: nn.Module, spec: dict, where: str | Path) -> nn.Module:
     return model
 
 
-__all__ = ["FORMAT", "SPEC_FILE", "apply_spec", "check", "quantize_model", "read_spec",
+__all__ = ["FORMAT", "SPEC_FILE", "apply_spec", "check", "quantize_model", "read_spec", "spec_of",
            "slow_here", "warn_if_slow", "write_spec"]

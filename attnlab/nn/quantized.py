@@ -312,7 +312,8 @@ class Int4Linear(_FixedDtypes):
     def forward(self, x: Tensor) -> Tensor:
         _on_cpu(self, x)
         shape = x.shape
-        y = self._int4_matmul(x.reshape(-1, self.in_features).to(_COMPUTE).contiguous())
+        x2 = x.reshape(-1, self.in_features).to(_COMPUTE).contiguous()
+        y = _Int4MatMul.apply(x2, self) if x2.requires_grad else self._int4_matmul(x2)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
@@ -320,6 +321,22 @@ class Int4Linear(_FixedDtypes):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bits={self.bits}, group_size={self.group_size}, bias={self.bias is not None}")
+
+
+class _Int4MatMul(torch.autograd.Function):
+    """``x · Ŵᵀ`` through the int4 kernel, with a gradient for ``x`` (the kernel has none):
+    ``∂L/∂x = ∂L/∂y · Ŵ``, ``Ŵ`` dequantised for the backward pass only and dropped after.
+    The codes never train; this lets LoRA train over frozen 4-bit layers (QLoRA's setting,
+    Dettmers et al., 2023) with the gradient passing through them to the layers below."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, layer: Int4Linear) -> Tensor:
+        ctx.layer = layer
+        return layer._int4_matmul(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad.to(_COMPUTE) @ ctx.layer.weight, None
 
 
 def quantize(model: nn.Module, bits: int = 4, group_size: int = 32,

@@ -141,7 +141,9 @@ def _adapter_summary(model: nn.Module) -> str:
     spec = model.config.adapter
     what = (f"LoRA r={spec['r']} alpha={spec['alpha']:g}" if spec["method"] == "lora"
             else f"bottleneck adapters of {spec['size']}")
-    total = sum(p.numel() for p in model.parameters())
+    # a 4-bit layer's codes are buffers: counted as the in·out weights they stand for
+    total = sum(p.numel() for p in model.parameters()) + sum(
+        m.in_features * m.out_features for m in model.modules() if hasattr(m, "codes"))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     extra = f" and {', '.join(spec['trainable'])} in full" if spec.get("trainable") else ""
     return (f"{what} on {len(spec['modules'])} layers{extra}: {trained:,} of {total:,} "
@@ -216,9 +218,25 @@ class LMRecipe(Recipe):
     bpe_dir: str | Path | None = None
     val_fraction: float = 0.1
     given: Tokenizer | None = None  # a model's own tokenizer (a teacher's), instead of a new one
+    # fine-tuning a pretrained language model (a run, an HF folder, a .gguf file, smollm2):
+    # its config and tokenizer; int4: its weight matrices frozen as 4-bit codes (QLoRA)
+    init: str | None = None
+    int4: bool = False
 
     def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
         text = read_text(self.text)
+        base = None
+        if self.init is not None:
+            from attnlab.storage import load
+
+            base = load(self.init).expect("decoder", "train lm --init")
+            self.given = base.tokenizer
+            if self.block > base.config.context:
+                raise BadInput(f"--block {self.block}: {self.init} sees at most "
+                               f"{base.config.context} tokens")
+            model_config = base.config
+        elif self.int4:
+            raise BadInput("--int4 quantises a pretrained model's weights: give --init")
         if self.given is not None:
             tok = self.given
         elif self.tokenizer == "char":
@@ -240,9 +258,12 @@ class LMRecipe(Recipe):
             raise BadInput(f"--block {self.block}: the training text has only "
                            f"{len(train_ids):,} tokens (windows need block + 1)")
         batches = LMBatches(train_ids, self.block, self.batch_size, train_config.seed)
-        config = dataclasses.replace(model_config, vocab_size=tok.vocab_size,
-                                     max_len=max(model_config.max_len, self.block),
-                                     block_size=self.block)  # generation keeps within it
+        if base is not None:  # a pretrained model keeps its config (and its context)
+            config = base.config
+        else:
+            config = dataclasses.replace(model_config, vocab_size=tok.vocab_size,
+                                         max_len=max(model_config.max_len, self.block),
+                                         block_size=self.block)  # generation keeps within it
         build.check_training_memory(config, self.batch_size, self.block,
                                     f"--block {self.block} --batch {self.batch_size}",
                                     train_config.device_for_memory)
@@ -251,7 +272,20 @@ class LMRecipe(Recipe):
                         CausalLM(train_config.label_smoothing),
                         f"{len(train_ids):,} training and {len(val_ids):,} validation tokens "
                         f"({kind} tokenizer, vocabulary {tok.vocab_size})",
-                        val_batches=eval_windows(val_ids, self.block, self.batch_size))
+                        val_batches=eval_windows(val_ids, self.block, self.batch_size),
+                        state={"base": None if base is None else base.model})
+
+    def build(self, prepared: Prepared) -> nn.Module:
+        """A new model of the config, or the ``init`` model (its matrices quantised to 4
+        bits with ``int4``: the frozen base of a QLoRA run)."""
+        base = prepared.state.pop("base", None)
+        if base is None:
+            return build_model(prepared.config)
+        if self.int4:
+            from attnlab.compression.quantize import quantize_model
+
+            quantize_model(base, bits=4)
+        return base.train()
 
 
 @dataclass
