@@ -2,6 +2,8 @@
 ``--model``, the same text as the adapted model gives in Python, and one clear line for an
 adapter made for another base model."""
 
+import json
+
 import pytest
 import torch
 
@@ -52,3 +54,36 @@ def test_a_folder_that_is_no_adapter_is_named(capsys, lm_run, tmp_path):
     r = cli(capsys, "generate", "--model", lm_run, "--adapter", tmp_path, "--prompt", "to",
             "--device", "cpu")
     assert_bad_input(r, str(tmp_path), "adapter_config.json")
+
+
+def test_lora_over_a_4_bit_base_keeps_the_codes_and_generates(capsys, lm_run, tmp_path):
+    from safetensors.torch import load_file
+
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question. " * 30)
+    run = tmp_path / "run"
+    r = cli(capsys, "train", "lm", "--init", lm_run, "--int4", "--lora", "2", "--text", text,
+            "--block", "16", "--batch", "4", "--steps", "3", "--lr", "1e-2", "--out", run,
+            "--no-progress", "--device", "cpu", "--precision", "fp32")
+    assert r.code == 0, r.err
+    assert "adapters: LoRA r=2" in r.out
+    step = run / "checkpoints" / "step-00000003"
+    spec = json.loads((step / "quantization.json").read_text())
+    assert spec["bits"] == 4 and all(m.endswith(".base") or "lora" not in m
+                                     for m in spec["modules"])
+    trained = load_file(str(step / "model.safetensors"))
+    # the codes are those of the base quantised, untouched by training
+    from attnlab.compression.quantize import quantize_model
+
+    base = load(lm_run).model
+    quantize_model(base, bits=4)
+    codes = {k: v for k, v in base.state_dict().items() if k.endswith("qweight")}
+    assert codes
+    for name, value in codes.items():
+        wrapped = name.replace(".qweight", ".base.qweight")
+        assert torch.equal(trained.get(wrapped, trained.get(name)), value)
+    assert any(k.endswith("lora_B.weight") and trained[k].abs().max() > 0 for k in trained)
+    r = cli(capsys, "generate", "--model", run, "--prompt", "to be", "--max-new-tokens", "5",
+            "--device", "cpu", "--quiet")
+    assert r.code == 0, r.err
+    assert r.out.startswith("to be")

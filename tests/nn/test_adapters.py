@@ -144,3 +144,27 @@ def test_bad_adapter_specs_are_named(translator_config):
                        "has no linear layer 'x'")]:
         with pytest.raises(BadInput, match=says):
             build_model(dataclasses.replace(translator_config, adapter=bad))
+
+
+def test_lora_over_int4_trains_with_the_gradient_of_the_dequantised_weight():
+    """QLoRA: the 4-bit base passes the gradient ∂L/∂x = ∂L/∂y · Ŵ to the layers below, and
+    A and B get the gradient they would get over a float layer holding Ŵ."""
+    from attnlab.nn.quantized import Int4Linear
+
+    torch.manual_seed(0)
+    base = Int4Linear.from_linear(nn.Linear(64, 32))
+    lora = LoRALinear(base, r=4, alpha=8)
+    with torch.no_grad():
+        lora.lora_B.weight.normal_()
+    w_hat = base.weight.float()  # Ŵ, what the kernel multiplies by
+    x = torch.randn(5, 64, requires_grad=True)
+    lora(x).square().sum().backward()
+    got = (x.grad.clone(), lora.lora_A.weight.grad.clone(), lora.lora_B.weight.grad.clone())
+    x_ref = x.detach().clone().requires_grad_()
+    a = lora.lora_A.weight.detach().clone().requires_grad_()
+    b = lora.lora_B.weight.detach().clone().requires_grad_()
+    y = x_ref @ w_hat.T + base.bias.float() + 2.0 * (x_ref @ a.T @ b.T)
+    y.square().sum().backward()
+    for g, ref in zip(got, (x_ref.grad, a.grad, b.grad), strict=True):
+        assert (g - ref).abs().max() <= 0.02 * ref.abs().max()  # bf16 kernels
+    assert not any(p.requires_grad for p in base.parameters())
