@@ -42,6 +42,7 @@ from attnlab.config import POOLED_HEADS, ModelConfig
 from attnlab.errors import BadInput
 from attnlab.nn import Encoder, LayerNorm, TokenEmbedding, build_norm, build_positional
 from attnlab.nn.feedforward import ACTIVATIONS
+from attnlab.nn.packing import Packing
 
 
 class MLMHead(nn.Module):
@@ -159,8 +160,12 @@ class BERT(nn.Module):
         positions = self.positions(ids)
         x = self.embed_inputs(ids, token_type_ids, positions)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        # training computes nothing for padding (nn/packing.py); outputs at padded positions
+        # are then zeros, which no head reads (inference keeps the padded layout, whose
+        # padded rows match transformers' own)
+        packing = Packing.of(attention_mask) if self.training and not need_weights else None
         return self.encoder(x, mask=mask, positional=self.positional, positions=positions,
-                            need_weights=need_weights)
+                            need_weights=need_weights, packing=packing)
 
     def pool(self, hidden: Tensor) -> Tensor:
         """``tanh(W_p · h[:, 0] + b_p)``: ``(batch, seq, d)`` -> ``(batch, d)``."""

@@ -36,6 +36,7 @@ from attnlab.nn.cache import (
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.nn.norms import Residual, build_norm
+from attnlab.nn.packing import Packing
 from attnlab.nn.positional import PositionalEncoding
 
 if TYPE_CHECKING:
@@ -104,14 +105,17 @@ class EncoderLayer(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         bias: Tensor | None = None,
+        packing: Packing | None = None,
     ) -> Tensor:
         """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``; ``bias``: the stack's
-        position score bias ``(1 or batch, heads, seq, k_len)``, added to every layer's scores."""
+        position score bias ``(1 or batch, heads, seq, k_len)``, added to every layer's scores.
+        ``packing``: ``x`` holds only the real tokens, ``(n_real, d_model)``, and so does the
+        output (:mod:`attnlab.nn.packing`)."""
 
         def attend(h: Tensor) -> Tensor:
             out = self.self_attn(h, mask=mask, is_causal=is_causal, positional=positional,
                                  positions=positions, cache=cache, need_weights=need_weights,
-                                 bias=bias)
+                                 bias=bias, packing=packing)
             if need_weights:
                 out, self.attn_weights = out
             return out
@@ -195,13 +199,16 @@ class _SelfAttentionStack(nn.Module):
 
     def _run(self, x: Tensor, mask: Tensor | None, positional: PositionalEncoding | None,
              positions: Tensor | None, cache: SelfAttentionCache | None,
-             need_weights: bool) -> Tensor:
+             need_weights: bool, packing: Packing | None = None) -> Tensor:
         bias = _position_bias(positional, positions, x.shape[1],
                               0 if cache is None else cache.length)
+        if packing is not None:
+            x = packing.pack(x)
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, self.causal, positional, positions,
-                      None if cache is None else cache[i], need_weights, bias)
-        return self.norm(x)
+                      None if cache is None else cache[i], need_weights, bias, packing)
+        x = self.norm(x)
+        return x if packing is None else packing.unpack(x)
 
 
 class Encoder(_SelfAttentionStack):
@@ -213,9 +220,10 @@ class Encoder(_SelfAttentionStack):
 
     def forward(self, x: Tensor, mask: Tensor | None = None,
                 positional: PositionalEncoding | None = None, positions: Tensor | None = None,
-                need_weights: bool = False) -> Tensor:
-        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``."""
-        return self._run(x, mask, positional, positions, None, need_weights)
+                need_weights: bool = False, packing: Packing | None = None) -> Tensor:
+        """``x (batch, seq, d_model)`` -> ``(batch, seq, d_model)``; with ``packing`` the
+        position-wise work runs on the real tokens only (zeros come out at padding)."""
+        return self._run(x, mask, positional, positions, None, need_weights, packing)
 
 
 class DecoderOnly(_SelfAttentionStack):

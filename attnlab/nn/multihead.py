@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from attnlab.errors import BadInput
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.cache import KVCache
+from attnlab.nn.packing import Packing
 from attnlab.nn.positional import PositionalEncoding
 
 
@@ -127,6 +128,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         bias: Tensor | None = None,
+        packing: Packing | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x (batch, q_len, d_model)`` to ``context`` (or to ``x`` itself).
 
@@ -145,12 +147,16 @@ class MultiHeadAttention(nn.Module):
                 broadcastable to ``(batch, heads, q_len, k_len)``. A stack computes it once
                 (``positional.attention_bias``) and every layer adds the same one; without
                 it, self-attention asks ``positional`` itself.
+            packing: ``x`` is packed, ``(n_real, d_model)`` (:mod:`attnlab.nn.packing`):
+                the projections run on real tokens only; self-attention without a cache.
 
         Returns:
             ``(batch, q_len, d_model)``, or ``(output, weights)`` when ``need_weights``.
         """
         reuse = cache is not None and cache.static and cache.filled
         q, k, v = self._project(x, context, need_kv=not reuse)
+        if packing is not None:  # projected on the real tokens; attention needs the layout
+            q, k, v = packing.unpack(q), packing.unpack(k), packing.unpack(v)
         q = self._heads(q, self.n_heads)
         if not reuse:
             k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
@@ -172,6 +178,9 @@ class MultiHeadAttention(nn.Module):
         )
         out, weights = result if need_weights else (result, None)
         b, _, s, _ = out.shape
-        out = self.out_proj(out.transpose(1, 2).reshape(b, s, self.q_dim))
+        out = out.transpose(1, 2).reshape(b, s, self.q_dim)
+        if packing is not None:
+            out = packing.pack(out)
+        out = self.out_proj(out)
         return (out, weights) if need_weights else out
 

@@ -1,0 +1,122 @@
+"""CoNLL-2003 NER: attnlab vs transformers' BertForTokenClassification, fine-tuned side by
+side from all-MiniLM-L6-v2 (uncased) on the same batches (benchmarks/side_by_side.py).
+
+Both start from the same weights: attnlab's model (``train ner``'s: the encoder from MiniLM,
+a new ``tokens`` head at N(0, 0.02)) is saved as a transformers folder and loaded back by
+transformers. Batches are attnlab's training rows (each word labelled at its first subword,
+-100 elsewhere; :mod:`attnlab.tagging`), drawn by the same seeded stream ``train ner`` uses.
+After training, both tag the test file word by word through the same code
+(``predict_tags``) and are scored at the entity level (seqeval's default mode; checked equal
+to seqeval in tests/test_tagging.py). ``--lora R`` trains LoRA adapters (and the head) on
+both sides instead (peft on transformers' side).
+
+    .venv/bin/python benchmarks/conll.py [--minutes 30] [--epochs 3] [--lr 1e-4] [--lora R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+
+from attnlab import load, save_pretrained
+from attnlab.data.classify import ClassifyBatches
+from attnlab.data.conll import encode_sentences, read_conll, tag_set
+from attnlab.metrics import entity_scores
+from attnlab.tagging import predict_tags
+from attnlab.training.recipes import from_encoder
+from attnlab.training.tasks import Tag
+
+sys.path.insert(0, str(Path(__file__).parent))
+from side_by_side import describe, train_pair  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "conll2003"
+
+
+class HFTagger(torch.nn.Module):
+    """transformers' model behind attnlab's ``model(ids, types, mask) -> logits``."""
+
+    def __init__(self, hf, config):
+        super().__init__()
+        self.hf, self.config = hf, config
+
+    def forward(self, ids, token_type_ids=None, attention_mask=None):
+        return self.hf(input_ids=ids, token_type_ids=token_type_ids,
+                       attention_mask=attention_mask).logits
+
+
+def models(tags: list[str], lora: int | None):
+    base = load("minilm")
+    config = dataclasses.replace(base.config, head="tokens", num_labels=len(tags),
+                                 extra={**base.config.extra, "labels": tags})
+    torch.manual_seed(0)
+    ours = from_encoder(config, base.model, "minilm")
+    folder = tempfile.mkdtemp(prefix="conll-bench-")
+    save_pretrained(ours, folder)
+    hf = transformers.BertForTokenClassification.from_pretrained(folder)
+    theirs = HFTagger(hf, config)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        from attnlab.interop.peft import adapt, adapter_spec
+
+        adapt(ours, adapter_spec(ours, r=lora, alpha=2 * lora))
+        theirs.hf = get_peft_model(hf, LoraConfig(r=lora, lora_alpha=2 * lora,
+                                                  target_modules=["query", "value"],
+                                                  modules_to_save=["classifier"]))
+    return base.tokenizer, ours, theirs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(DATA))
+    p.add_argument("--minutes", type=float, default=30.0, help="attnlab's training time")
+    p.add_argument("--epochs", type=float, default=3.0, help="the schedule's length")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--max-len", type=int, default=128)
+    p.add_argument("--lora", type=int, metavar="R", help="LoRA of rank R on both sides")
+    p.add_argument("--only-attnlab", action="store_true", help="no transformers run")
+    args = p.parse_args()
+    print(describe())
+    parts = {s: read_conll(Path(args.data) / f"{s}.txt") for s in ("train", "test")}
+    tags = tag_set(parts["train"])
+    tok, ours, theirs = models(tags, args.lora)
+    rows = encode_sentences(parts["train"], tok, tags, args.max_len)
+    per_epoch = len(rows) // args.batch
+    steps = int(args.epochs * per_epoch)
+    trained = sum(p.numel() for p in ours.parameters() if p.requires_grad)
+    print(f"{len(rows):,} training rows, batch {args.batch}, {per_epoch} steps an epoch; "
+          f"schedule {steps} steps (lr {args.lr}, 10% warmup); attnlab trains at most "
+          f"{args.minutes:g} min; {trained:,} parameters train", flush=True)
+    task = Tag()
+    runs = {"attnlab": (ours, lambda m, b: task.loss(m, b).loss / task.target_tokens(b))}
+    if not args.only_attnlab:
+        runs["transformers"] = (theirs, lambda m, b: torch.nn.functional.cross_entropy(
+            m(b.ids, b.token_type_ids, b.attention_mask).flatten(0, 1), b.labels.flatten(),
+            ignore_index=-100))
+    stream = iter(ClassifyBatches(rows, args.batch, tok.pad_id, seed=0))
+    done = train_pair(runs, stream, steps, args.lr, steps // 10, args.minutes * 60)
+    print(f"trained {done['steps']} steps ({done['steps'] / per_epoch:.2f} epochs)")
+    gold = [list(s.tags) for s in parts["test"]]
+    words = [list(s.words) for s in parts["test"]]
+    print("| | test entity F1 | precision | recall | training s | steps/s |")
+    print("|---|---|---|---|---|---|")
+    for name, (model, _) in runs.items():
+        with torch.inference_mode():
+            s = entity_scores(gold, predict_tags(model, tok, words, max_len=args.max_len))
+        secs = done["seconds"][name]
+        print(f"| {name} | {100 * s.f1:.2f} | {100 * s.precision:.2f} | {100 * s.recall:.2f} "
+              f"| {secs:.0f} | {done['steps'] / secs:.3f} |", flush=True)
+    if "transformers" in done["seconds"]:
+        print(f"speed ratio (attnlab / transformers): "
+              f"{done['seconds']['transformers'] / done['seconds']['attnlab']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
