@@ -15,7 +15,6 @@ both sides instead (peft on transformers' side).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from attnlab.training.recipes import from_encoder
 from attnlab.training.tasks import Tag
 
 sys.path.insert(0, str(Path(__file__).parent))
-from side_by_side import describe, train_pair  # noqa: E402
+from side_by_side import arguments, describe, train_pair  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "conll2003"
 
@@ -73,13 +72,7 @@ def models(tags: list[str], lora: int | None):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=str(DATA))
-    p.add_argument("--minutes", type=float, default=30.0, help="attnlab's training time")
-    p.add_argument("--epochs", type=float, default=3.0, help="the schedule's length")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--max-len", type=int, default=128)
+    p = arguments(__doc__, str(DATA), epochs=3.0, batch=32, max_len=128)
     p.add_argument("--lora", type=int, metavar="R", help="LoRA of rank R on both sides")
     p.add_argument("--only-attnlab", action="store_true", help="no transformers run")
     args = p.parse_args()

@@ -6,6 +6,7 @@ Used by ``benchmarks/conll.py`` and ``benchmarks/squad.py``."""
 
 from __future__ import annotations
 
+import argparse
 import platform
 import time
 from collections.abc import Callable
@@ -13,6 +14,19 @@ from collections.abc import Callable
 import torch
 
 from attnlab import hardware
+
+
+def arguments(doc: str, data: str, epochs: float, batch: int,
+              max_len: int) -> argparse.ArgumentParser:
+    """The options both benchmarks share, with their own defaults."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--data", default=data)
+    p.add_argument("--minutes", type=float, default=30.0, help="attnlab's training time")
+    p.add_argument("--epochs", type=float, default=epochs, help="the schedule's length")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--max-len", type=int, default=max_len)
+    return p
 
 
 def describe() -> str:

@@ -45,7 +45,24 @@ DATA = {
        for part, n in (("train", 400), ("val", 40), ("test_2016_flickr", 20))
        for lang in ("de", "en")},
     "emails.jsonl.gz": ("spam/emails.jsonl.gz", 300, 20),  # ham and spam, not the ham first
+    # a folder: each of its files cut so; SQuAD: one paragraph (two questions) an article
+    "conll2003": ("conll2003", 300, 1),
+    "conll2003/test.txt": ("conll2003/test.txt", 300, 1),
+    "dev-v1.1.json.gz": ("squad/dev-v1.1.json.gz", 1, 2),
 }
+
+
+def _cut_squad(path: Path, target: Path, paragraphs: int, questions: int) -> None:
+    import json
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    for article in data["data"]:
+        article["paragraphs"] = article["paragraphs"][:paragraphs]
+        for p in article["paragraphs"]:
+            p["qas"] = p["qas"][:questions]
+    with gzip.open(target, "wt", encoding="utf-8") as f:
+        json.dump(data, f)
 
 
 def commands() -> list[str]:
@@ -88,12 +105,21 @@ def provide(name: str, workdir: Path) -> str | None:
             return f"{name} comes from {path}, which is not on this machine"
         target.write_text(STAND_IN[name])
         return None
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
+    if target.exists():
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if name.startswith("dev-v1.1"):
+        _cut_squad(path, target, keep, every)
+        return None
+    pairs = ([(p, target / p.name) for p in sorted(path.iterdir())] if path.is_dir()
+             else [(path, target)])
+    if path.is_dir():
+        target.mkdir()
+    for source_file, target_file in pairs:
+        opener = gzip.open if source_file.suffix == ".gz" else open
+        with opener(source_file, "rt", encoding="utf-8") as f:
             lines = [line for i, line in enumerate(f) if i % every == 0][:keep]
-        with opener(target, "wt", encoding="utf-8") as f:
+        with opener(target_file, "wt", encoding="utf-8") as f:
             f.writelines(lines)
     return None
 
