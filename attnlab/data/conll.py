@@ -86,7 +86,9 @@ def encode_sentences(sentences: list[Sentence], tokenizer, labels: list[str],
 
 
 def tag_set(sentences: list[Sentence]) -> list[str]:
-    """The tags in use: ``O`` first, then by entity type, ``B-`` before ``I-`` (a fixed order,
-    so the label ids of a run do not depend on the data's order)."""
-    found = {t for s in sentences for t in s.tags} | {"O"}
-    return sorted(found, key=lambda t: (t != "O", t[2:], t[:1]))
+    """The BIO tags of the entity types in use: ``O``, then ``B-X`` and ``I-X`` for each type
+    X in alphabetical order (a fixed order, so the label ids of a run do not depend on the
+    data's order; both tags of a type, so a development file may hold an ``I-X`` the
+    training file happens not to)."""
+    types = sorted({t[2:] for s in sentences for t in s.tags if t != "O"})
+    return ["O"] + [f"{p}-{kind}" for kind in types for p in ("B", "I")]

@@ -63,7 +63,8 @@ class NERRecipe(Recipe):
         if not hasattr(tok, "backend"):
             raise BadInput(f"{self.init}: NER needs a WordPiece tokenizer (a BERT-family "
                            "model), not a character or word one")
-        max_len = min(self.max_len, base.max_len)
+        # the positions the model has (not a sentence encoder's shorter cap: MiniLM's 256)
+        max_len = min(self.max_len, base.config.max_len - base.config.position_offset)
         config = dataclasses.replace(base.config, head="tokens", num_labels=len(tags),
                                      extra={**base.config.extra, "labels": tags})
         build.check_training_memory(config, self.batch_size, max_len,

@@ -68,7 +68,8 @@ class QARecipe(Recipe):
         if not hasattr(tok, "backend"):
             raise BadInput(f"{self.init}: question answering needs a WordPiece tokenizer (a "
                            "BERT-family model)")
-        max_len = min(self.max_len, base.max_len)
+        # the positions the model has (not a sentence encoder's shorter cap: MiniLM's 256)
+        max_len = min(self.max_len, base.config.max_len - base.config.position_offset)
         if self.stride >= max_len // 2:
             raise BadInput(f"--stride {self.stride} must be below half of --max-len {max_len}")
         window = {"max_len": max_len, "stride": self.stride}  # what `attnlab qa` reads with

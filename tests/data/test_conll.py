@@ -67,3 +67,11 @@ def test_conll2003_test_set_has_its_published_size():
             counts[kind] = counts.get(kind, 0) + 1
     # the B- tag counts of the file: every entity begins with B- in CoNLL-2003's IOB2 form
     assert counts == {"LOC": 1668, "MISC": 702, "ORG": 1661, "PER": 1617}
+
+
+def test_the_tag_set_has_both_tags_of_every_type_in_a_fixed_order():
+    from attnlab.data.conll import tag_set
+
+    sentences = [Sentence(("a", "b"), ("B-PER", "O")), Sentence(("c",), ("I-LOC",))]
+    assert tag_set(sentences) == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+    assert tag_set(sentences[::-1]) == tag_set(sentences)
