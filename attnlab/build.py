@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from attnlab import hardware
 from attnlab.config import ModelConfig
@@ -58,9 +59,29 @@ def build_model(config: ModelConfig) -> nn.Module:
     return model
 
 
+class _NoInitialisation(TorchFunctionMode):
+    """The in-place initialisers as no-ops: a skeleton has no values to draw, and drawing
+    them on ``meta`` tensors costs seconds (the first ``normal_`` loads the meta kernels'
+    decompositions), which every command checking a config against its file would pay."""
+
+    SKIPPED = frozenset({nn.init.normal_, nn.init.uniform_, nn.init.trunc_normal_,
+                         nn.init.xavier_uniform_, nn.init.kaiming_uniform_, nn.init.zeros_,
+                         nn.init.ones_, nn.init.constant_, torch.Tensor.normal_,
+                         torch.Tensor.uniform_, torch.Tensor.zero_, torch.Tensor.fill_})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.SKIPPED:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if getattr(tensor, "is_meta", False):
+                return tensor
+        return func(*args, **kwargs)
+
+
 def skeleton(config: ModelConfig) -> nn.Module:
-    """The model the config describes, on the ``meta`` device: shapes, no memory."""
-    with torch.device("meta"):
+    """The model the config describes, on the ``meta`` device: shapes, no memory (and no
+    initial values: :func:`materialize` initialises when it allocates)."""
+    with torch.device("meta"), _NoInitialisation():
         return build_model(config)
 
 
