@@ -10,7 +10,8 @@ After training, both tag the test file word by word through the same code
 to seqeval in tests/test_tagging.py). ``--lora R`` trains LoRA adapters (and the head) on
 both sides instead (peft on transformers' side).
 
-    .venv/bin/python benchmarks/conll.py [--minutes 30] [--epochs 3] [--lr 1e-4] [--lora R]
+    .venv/bin/python benchmarks/conll.py [--minutes 30] [--epochs 3] [--lr 1e-4]
+        [--lora R [--lora-targets q,v,...]]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class HFTagger(torch.nn.Module):
                        attention_mask=attention_mask).logits
 
 
-def models(tags: list[str], lora: int | None):
+def models(tags: list[str], lora: int | None, targets: list[str] | None):
     base = load("minilm")
     config = dataclasses.replace(base.config, head="tokens", num_labels=len(tags),
                                  extra={**base.config.extra, "labels": tags})
@@ -62,24 +63,31 @@ def models(tags: list[str], lora: int | None):
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        from attnlab.interop.peft import adapt, adapter_spec
+        from attnlab.interop.peft import adapt, adapter_spec, module_names
 
-        adapt(ours, adapter_spec(ours, r=lora, alpha=2 * lora))
-        theirs.hf = get_peft_model(hf, LoraConfig(r=lora, lora_alpha=2 * lora,
-                                                  target_modules=["query", "value"],
-                                                  modules_to_save=["classifier"]))
+        spec = adapter_spec(ours, r=lora, alpha=2 * lora, targets=targets)
+        # the same layers by their transformers names (exact paths: "output.dense" alone
+        # would also name attention's output)
+        names = module_names(config)
+        adapt(ours, spec)
+        theirs.hf = get_peft_model(hf, LoraConfig(
+            r=lora, lora_alpha=2 * lora, target_modules=[names[m] for m in spec["modules"]],
+            modules_to_save=["classifier"]))
     return base.tokenizer, ours, theirs
 
 
 def main() -> None:
     p = arguments(__doc__, str(DATA), epochs=3.0, batch=32, max_len=128)
     p.add_argument("--lora", type=int, metavar="R", help="LoRA of rank R on both sides")
+    p.add_argument("--lora-targets", help="layers for LoRA, as train's --lora-targets "
+                   "(default: q,v)")
     p.add_argument("--only-attnlab", action="store_true", help="no transformers run")
     args = p.parse_args()
     print(describe())
     parts = {s: read_conll(Path(args.data) / f"{s}.txt") for s in ("train", "test")}
     tags = tag_set(parts["train"])
-    tok, ours, theirs = models(tags, args.lora)
+    targets = args.lora_targets.split(",") if args.lora_targets else None
+    tok, ours, theirs = models(tags, args.lora, targets)
     rows = encode_sentences(parts["train"], tok, tags, args.max_len)
     per_epoch = len(rows) // args.batch
     steps = int(args.epochs * per_epoch)

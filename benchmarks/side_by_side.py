@@ -76,7 +76,7 @@ def train_pair(runs: dict[str, tuple[torch.nn.Module, Callable]], batches, steps
             scheds[name].step()
             opts[name].zero_grad(set_to_none=True)
             seconds[name] += time.perf_counter() - start
-            losses[name].append(float(loss))
+            losses[name].append(loss.item())
         done = step + 1
         if done % log_every == 0:
             print(f"step {done}: " + ", ".join(

@@ -1,6 +1,6 @@
 """Extractive QA: the span head against transformers' BertForQuestionAnswering, the windows
 against its tokenizer's overflowing windows, answers that cross a window boundary, the
-training targets, and SQuAD's scores by hand."""
+training targets and loss, and SQuAD's scores by hand."""
 
 import json
 
@@ -10,10 +10,12 @@ import transformers
 
 from attnlab import from_pretrained
 from attnlab.data.squad import read_squad, training_rows
+from attnlab.data.stream import LabelledBatch
 from attnlab.errors import BadInput
 from attnlab.metrics import normalize_answer, squad_scores
 from attnlab.qa import answer, windows
 from attnlab.tokenizers import WordPieceTokenizer
+from attnlab.training.tasks import Span
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["who", "won", "the", "game", "in", "year", "team", "red", "blue", "green", "played",
@@ -122,6 +124,42 @@ def test_span_logits_equal_transformers_with_copied_weights(tmp_path):
         start, end = ours(ids, types, mask)
     assert (start - expected.start_logits).abs().max() <= 1e-4
     assert (end - expected.end_logits).abs().max() <= 1e-4
+
+
+def test_the_span_loss_is_over_real_tokens_and_the_same_packed_or_not(tmp_path):
+    """The training loss (packed: nothing computed for padding) against a cross-entropy by
+    hand over each window's real positions of transformers' logits; a padded window's loss
+    is the one it has alone."""
+    config = transformers.BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48,
+                                     max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    theirs = transformers.BertForQuestionAnswering(config).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path).train()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(5, 40, (3, 17), generator=g)
+    types = torch.cat([torch.zeros(3, 6), torch.ones(3, 11)], 1).long()
+    mask = torch.ones(3, 17, dtype=torch.long)
+    mask[1, 12:] = 0
+    mask[2, 9:] = 0
+    labels = torch.tensor([[7, 10], [8, 11], [0, 0]])
+    with torch.no_grad():
+        ref = theirs(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    by_hand = []
+    for i in range(3):
+        n = int(mask[i].sum())
+        by_hand.append(sum(torch.nn.functional.cross_entropy(logits[i, None, :n],
+                                                             labels[i, j:j + 1])
+                           for j, logits in enumerate((ref.start_logits, ref.end_logits))) / 2)
+    sums = Span().loss(ours, LabelledBatch(ids, types, mask, labels))
+    assert sums.tokens == 3
+    assert abs(sums.loss.item() - float(sum(by_hand))) <= 1e-5
+    n = int(mask[1].sum())
+    alone = Span().loss(ours, LabelledBatch(ids[1:2, :n], types[1:2, :n], mask[1:2, :n],
+                                            labels[1:2]))
+    assert abs(alone.loss.item() - float(by_hand[1])) <= 1e-5
 
 
 def test_squad_scores_by_hand():

@@ -161,8 +161,8 @@ class BERT(nn.Module):
         x = self.embed_inputs(ids, token_type_ids, positions)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         # training computes nothing for padding (nn/packing.py); outputs at padded positions
-        # are then zeros, which no head reads (inference keeps the padded layout, whose
-        # padded rows match transformers' own)
+        # are then zeros, which no loss reads (the span loss leaves padding out of its
+        # softmax); inference keeps the padded layout, whose padded rows match transformers'
         packing = Packing.of(attention_mask) if self.training and not need_weights else None
         return self.encoder(x, mask=mask, positional=self.positional, positions=positions,
                             need_weights=need_weights, packing=packing)

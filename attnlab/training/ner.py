@@ -22,7 +22,7 @@ from attnlab.errors import BadInput, MissingFile
 from attnlab.metrics import entity_scores
 from attnlab.storage import load_weights, save_model_dir
 from attnlab.tagging import predict_tags
-from attnlab.training.recipes import Prepared, Recipe, from_encoder
+from attnlab.training.recipes import Prepared, Recipe, from_encoder, token_encoder
 from attnlab.training.tasks import Tag
 from attnlab.training.train_config import TrainConfig
 
@@ -53,18 +53,11 @@ class NERRecipe(Recipe):
 
     def prepare(self, model_config: ModelConfig | None,
                 train_config: TrainConfig) -> Prepared:
-        from attnlab.storage import load
-
         files = conll_files(self.data)
         parts = {split: read_conll(path) for split, path in files.items()}
         tags = tag_set(parts["train"])
-        base = load(self.init).expect("encoder", "train ner")
+        base, max_len = token_encoder(self.init, "ner", self.max_len)
         tok = base.tokenizer
-        if not hasattr(tok, "backend"):
-            raise BadInput(f"{self.init}: NER needs a WordPiece tokenizer (a BERT-family "
-                           "model), not a character or word one")
-        # the positions the model has (not a sentence encoder's shorter cap: MiniLM's 256)
-        max_len = min(self.max_len, base.config.max_len - base.config.position_offset)
         config = dataclasses.replace(base.config, head="tokens", num_labels=len(tags),
                                      extra={**base.config.extra, "labels": tags})
         build.check_training_memory(config, self.batch_size, max_len,

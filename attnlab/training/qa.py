@@ -23,7 +23,7 @@ from attnlab.errors import BadInput
 from attnlab.metrics import squad_scores
 from attnlab.qa import answer_many
 from attnlab.storage import load_weights, save_model_dir
-from attnlab.training.recipes import Prepared, Recipe, from_encoder
+from attnlab.training.recipes import Prepared, Recipe, from_encoder, token_encoder
 from attnlab.training.tasks import Span
 from attnlab.training.train_config import TrainConfig
 
@@ -57,19 +57,12 @@ class QARecipe(Recipe):
 
     def prepare(self, model_config: ModelConfig | None,
                 train_config: TrainConfig) -> Prepared:
-        from attnlab.storage import load
-
         if set(self.train_articles) & set(self.eval_articles):
             raise BadInput("the training and evaluation article ranges overlap")
         train = read_squad(self.data, self.train_articles)
         held_out = read_squad(self.data, self.eval_articles)
-        base = load(self.init).expect("encoder", "train qa")
+        base, max_len = token_encoder(self.init, "qa", self.max_len)
         tok = base.tokenizer
-        if not hasattr(tok, "backend"):
-            raise BadInput(f"{self.init}: question answering needs a WordPiece tokenizer (a "
-                           "BERT-family model)")
-        # the positions the model has (not a sentence encoder's shorter cap: MiniLM's 256)
-        max_len = min(self.max_len, base.config.max_len - base.config.position_offset)
         if self.stride >= max_len // 2:
             raise BadInput(f"--stride {self.stride} must be below half of --max-len {max_len}")
         window = {"max_len": max_len, "stride": self.stride}  # what `attnlab qa` reads with

@@ -39,7 +39,7 @@ from attnlab.data import (
 )
 from attnlab.errors import BadInput
 from attnlab.interop import peft
-from attnlab.storage import list_checkpoints, load_weights, save_model_dir
+from attnlab.storage import Loaded, list_checkpoints, load_weights, save_model_dir
 from attnlab.tokenizers import (
     BPETokenizer,
     CharTokenizer,
@@ -392,6 +392,20 @@ class ClassifyRecipe(Recipe):
     def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
                rank: int) -> dict[str, float]:
         return finish_classifier(model, prepared, out_dir, rank)
+
+
+def token_encoder(init: str, command: str, max_len: int) -> tuple[Loaded, int]:
+    """The pretrained encoder that a token-level task (NER, QA) starts from, and
+    the longest input it takes: ``max_len`` capped at the model's positions, not at a sentence
+    encoder's shorter cap (MiniLM's 256). Its tokenizer must be WordPiece: predictions map
+    back to words and characters through it."""
+    from attnlab.storage import load
+
+    base = load(init).expect("encoder", f"train {command}")
+    if not hasattr(base.tokenizer, "backend"):
+        raise BadInput(f"{init}: train {command} needs a WordPiece tokenizer (a BERT-family "
+                       "model), not a character or word one")
+    return base, min(max_len, base.config.max_len - base.config.position_offset)
 
 
 def from_encoder(config: ModelConfig, base: nn.Module, init: str) -> nn.Module:

@@ -121,13 +121,22 @@ class Tag(_EncoderInputs):
 class Span(_EncoderInputs):
     """Extractive QA: the cross-entropy of the answer's first token under the start logits
     and of its last under the end logits, halved (``(L_start + L_end) / 2`` per window, as
-    BERT and transformers' ``BertForQuestionAnswering`` train). Labels ``(batch, 2)``."""
+    BERT trains). Labels ``(batch, 2)``.
+
+    Each softmax runs over the window's real tokens only: an answer is never padding.
+    transformers' ``BertForQuestionAnswering`` lets padded positions into it, so its loss
+    depends on how long the batch's longest window is; and where nothing is computed for
+    padding while training (:mod:`attnlab.nn.packing`), a padded position's logit would be
+    the head's bias alone, a score the model could not push below a real token's."""
 
     def target_tokens(self, batch: LabelledBatch) -> int:
         return batch.labels.shape[0]
 
     def loss(self, model: nn.Module, batch: LabelledBatch) -> LossSums:
         start, end = model(batch.ids, batch.token_type_ids, batch.attention_mask)
+        if batch.attention_mask is not None:
+            pad = ~batch.attention_mask.bool()
+            start, end = (t.float().masked_fill(pad, float("-inf")) for t in (start, end))
         a = label_smoothed_loss(start[:, None], batch.labels[:, :1], 0.0, None)
         b = label_smoothed_loss(end[:, None], batch.labels[:, 1:], 0.0, None)
         return LossSums((a.loss + b.loss) / 2, (a.nll + b.nll) / 2, a.tokens)
