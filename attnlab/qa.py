@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnlab.errors import BadInput
 from attnlab.tagging import padded
 
 
@@ -42,6 +43,17 @@ class Window:
         return first, last
 
 
+def check_window(max_len: int, stride: int, positions: int) -> None:
+    """Windows a model with ``positions`` positions can read, and that always move on: a
+    stride below half a window. A BadInput naming the option otherwise."""
+    if not 8 <= max_len <= positions:
+        raise BadInput(f"--max-len {max_len} must be between 8 and the model's {positions} "
+                       "positions")
+    if not 0 <= stride < max_len // 2:
+        raise BadInput(f"--stride {stride} must be at least 0 and below half of --max-len "
+                       f"{max_len}")
+
+
 def windows(tokenizer, question: str, context: str, max_len: int = 384,
             stride: int = 128) -> list[Window]:
     """``[CLS] question [SEP] part of context [SEP]`` windows: the question whole, the
@@ -50,6 +62,9 @@ def windows(tokenizer, question: str, context: str, max_len: int = 384,
     backend.enable_truncation(max_len, stride=stride, strategy="only_second")
     try:
         first = backend.encode(question, context)
+    except Exception as e:  # the tokenizers library's: a question that leaves no room
+        raise BadInput(f"question {question[:40]!r}: windows of {max_len} tokens with stride "
+                       f"{stride} cannot hold it and a part of the context ({e})") from None
     finally:
         backend.no_truncation()
     out = []

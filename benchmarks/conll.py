@@ -29,7 +29,7 @@ from attnlab.data.classify import ClassifyBatches
 from attnlab.data.conll import encode_sentences, read_conll, tag_set
 from attnlab.metrics import entity_scores
 from attnlab.tagging import predict_tags
-from attnlab.training.recipes import from_encoder
+from attnlab.training.encoders import from_encoder
 from attnlab.training.tasks import Tag
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -26,7 +26,7 @@ from attnlab import load, save_pretrained
 from attnlab.data.squad import SpanBatches, read_squad, training_rows
 from attnlab.metrics import squad_scores
 from attnlab.qa import answer_many
-from attnlab.training.recipes import from_encoder
+from attnlab.training.encoders import from_encoder
 from attnlab.training.tasks import Span
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -13,7 +13,7 @@ from attnlab.data.squad import read_squad, training_rows
 from attnlab.data.stream import LabelledBatch
 from attnlab.errors import BadInput
 from attnlab.metrics import normalize_answer, squad_scores
-from attnlab.qa import answer, windows
+from attnlab.qa import Window, answer, best_span, windows
 from attnlab.tokenizers import WordPieceTokenizer
 from attnlab.training.tasks import Span
 
@@ -171,11 +171,35 @@ def test_squad_scores_by_hand():
     assert f1 == pytest.approx(100 * (1 + 0.8 + 0) / 3)
 
 
-def test_a_squad_answer_not_where_it_says_is_named(tmp_path):
+@pytest.mark.parametrize("text, start, says", [
+    ("team", 0, r"'q7': answer 'team' is not at character 0"),
+    ("won", -3, r"'q7': answer 'won' is not at character -3"),
+    ("", 4, r"'q7': an empty answer"),
+])
+def test_a_squad_answer_not_where_it_says_is_named(tmp_path, text, start, says):
     bad = {"data": [{"title": "t", "paragraphs": [{"context": "red team won", "qas": [
-        {"id": "q7", "question": "who?", "answers": [{"text": "team", "answer_start": 0}]}]}]}]}
+        {"id": "q7", "question": "who?", "answers": [{"text": text, "answer_start": start}]}]}]}]}
     path = tmp_path / "squad.json"
     path.write_text(json.dumps(bad))
-    with pytest.raises(BadInput, match=r"squad.json: article 0: .*'q7': answer 'team' is not "
-                                       r"at character 0"):
+    with pytest.raises(BadInput, match=r"squad.json: article 0: .*" + says):
         read_squad(path)
+
+
+def test_the_best_span_is_the_best_pair_that_qualifies():
+    """Against every pair by brute force: a start in the context, an end at or after it, at
+    most ``max_answer_len`` tokens, on random logits where [CLS] (outside the context) holds
+    the highest start and end."""
+    g = torch.Generator().manual_seed(0)
+    spans = [None] * 3 + [(10 * i, 10 * i + 5) for i in range(8)] + [None]  # context: 3-10
+    window = Window(list(range(12)), [0] * 3 + [1] * 9, spans)
+    inverted = 0
+    for _ in range(40):
+        start, end = torch.randn(12, generator=g), torch.randn(12, generator=g)
+        start[0] = end[0] = 10.0
+        inverted += int(start[3:11].argmax() > end[3:11].argmax())
+        for limit in (1, 3, 30):
+            score, i, j = max((float(start[i] + end[j]), i, j) for i in range(3, 11)
+                              for j in range(i, min(11, i + limit)))
+            got = best_span(start, end, window, n_best=12, max_answer_len=limit)
+            assert got[1:] == (spans[i][0], spans[j][1]) and abs(got[0] - score) < 1e-6
+    assert inverted > 5  # the best start after the best end happened, and was not taken

@@ -152,12 +152,12 @@ def adapter_request(args: argparse.Namespace) -> dict | None:
     """``--lora R`` / ``--bottleneck M`` and their options, as TrainConfig.adapter."""
     targets = [t for t in (args.lora_targets or "").split(",") if t] or None
     base = str(getattr(args, "init", "") or "")
-    if args.lora:
+    if args.lora is not None:  # (0 too: refused, not taken for "no LoRA")
         if args.lora < 1:
             raise UsageError(f"--lora must be a rank >= 1, got {args.lora}")
         return dict(method="lora", r=args.lora, alpha=args.lora_alpha,
                     dropout=args.lora_dropout, targets=targets, base=base)
-    if args.bottleneck:
+    if args.bottleneck is not None:
         if args.bottleneck < 1:
             raise UsageError(f"--bottleneck must be a size >= 1, got {args.bottleneck}")
         return dict(method="bottleneck", size=args.bottleneck, targets=targets, base=base)

@@ -58,7 +58,8 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
     if arch == "encoder-decoder":
         return _sequence_level(args, teacher)
     from attnlab.training.distill import DistillRecipe
-    from attnlab.training.recipes import ClassifyRecipe, LMRecipe, run
+    from attnlab.training.encoders import ClassifyRecipe
+    from attnlab.training.recipes import LMRecipe, run
     from attnlab.training.schedule import LinearSchedule
 
     preset = _student(args, arch)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from attnlab.cli.common import add_model_arg, add_runtime_args, announce, runtime, texts
+from attnlab.cli.common import (
+    UsageError,
+    add_model_arg,
+    add_runtime_args,
+    announce,
+    runtime,
+    texts,
+)
 
 
 def _encoder(args: argparse.Namespace, head: str | None = None):
@@ -92,13 +99,16 @@ def cmd_qa(args: argparse.Namespace) -> None:
     """The answer's text; with ``--json`` also its score and character span."""
     from attnlab import hardware
     from attnlab.cli.common import read_text_file
-    from attnlab.qa import answer
+    from attnlab.qa import answer, check_window
 
     enc, device, precision = _encoder(args, head="qa")
     context = read_text_file(args.context)
     window = enc.model.config.extra.get("qa_window", {})
     max_len = args.max_len or window.get("max_len") or min(384, enc.max_len)
-    stride = args.stride or window.get("stride") or max_len // 3
+    stride = window.get("stride", max_len // 3) if args.stride is None else args.stride
+    check_window(max_len, stride, enc.model.config.max_len - enc.model.config.position_offset)
+    if args.max_answer_len < 1:
+        raise UsageError(f"--max-answer-len must be at least 1, got {args.max_answer_len}")
     questions = texts(args, skip_blank=True)
     announce(args, enc.path, device, precision)
     for question in questions:

@@ -160,7 +160,8 @@ def cmd_train_mlm(args: argparse.Namespace) -> None:
 
 
 def cmd_train_classify(args: argparse.Namespace) -> None:
-    from attnlab.training.recipes import ClassifyRecipe, run
+    from attnlab.training.encoders import ClassifyRecipe
+    from attnlab.training.recipes import run
 
     recipe = ClassifyRecipe(args.data, args.text_field, args.label_field, args.init,
                             args.max_len, args.batch, args.id_field)

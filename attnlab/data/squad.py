@@ -81,7 +81,9 @@ def _question(qa: dict, article: int, context: str) -> Question:
     if not isinstance(context, str) or not isinstance(qa["question"], str) or not texts:
         raise ValueError(f"question {qa.get('id')!r}: a context, question and answers")
     for text, start in zip(texts, starts, strict=True):
-        if context[start : start + len(text)] != text:
+        if not text.strip():
+            raise ValueError(f"question {qa['id']!r}: an empty answer")
+        if start < 0 or context[start : start + len(text)] != text:
             raise ValueError(f"question {qa['id']!r}: answer {text!r} is not at character "
                              f"{start} of its context")
     return Question(str(qa["id"]), article, qa["question"], context, texts, starts)

@@ -43,6 +43,7 @@ from attnlab.nn.adapters import BOTTLENECK_TARGETS, adapters, add_adapters
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."
+MAX_CONFIG_BYTES = 1 << 20  # an adapter_config.json is a few hundred bytes
 BOTTLENECK = "ATTNLAB_BOTTLENECK"
 SHORT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"}
 DEFAULT_TARGETS = ("q_proj", "v_proj", "qkv")  # peft's defaults for BERT, GPT-2 and Llama
@@ -195,6 +196,9 @@ def load_adapter(model: nn.Module, folder: str | os.PathLike) -> nn.Module:
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file():
         raise MissingFile(f"{folder}: not an adapter folder (no {CONFIG_FILE})")
+    if (folder / CONFIG_FILE).stat().st_size > MAX_CONFIG_BYTES:
+        raise BadInput(f"{folder / CONFIG_FILE}: larger than {MAX_CONFIG_BYTES} bytes, not an "
+                       "adapter config")
     cfg = read_json(folder / CONFIG_FILE, "adapter config")
     kind = cfg.get("peft_type")
     if kind not in ("LORA", BOTTLENECK):
@@ -259,9 +263,40 @@ def load_adapter(model: nn.Module, folder: str | os.PathLike) -> nn.Module:
     except (KeyError, TypeError, ValueError) as e:
         raise BadInput(f"{folder / CONFIG_FILE}: missing or invalid field {e}") from None
     check_adapter(spec, str(folder / CONFIG_FILE))
+    # every tensor named and shaped as the base model needs, before any adapter is made (a
+    # rank in the config allocates nothing until the file's tensors agree with it)
+    for path, found in layer_weights.items():
+        _check_layer(folder, path, modules[path], found, spec)
+    for param in head_weights:
+        if any(param.startswith(f"{path}.") for path in layer_weights):
+            raise BadInput(f"{folder}: {param} is both adapted and saved in full")
     adapt(model, spec)
     _load_into(model, folder, layer_weights, head_weights)
     return model
+
+
+def _check_layer(folder: Path, path: str, layer: nn.Module, found: dict[str, torch.Tensor],
+                 spec: dict[str, Any]) -> None:
+    """The tensors one adapted layer needs, by name and shape: LoRA's ``A (r, in)`` and
+    ``B (out, r)``; a bottleneck's ``down (size, out)`` and ``up (out, size)`` with biases."""
+    i, o = layer.in_features, layer.out_features
+    if spec["method"] == "lora":
+        r = spec["r"]
+        need = {"lora_A.weight": (r, i), "lora_B.weight": (o, r)}
+    else:
+        m = spec["size"]
+        need = {"adapter_down.weight": (m, o), "adapter_down.bias": (m,),
+                "adapter_up.weight": (o, m), "adapter_up.bias": (o,)}
+    if set(found) != set(need):
+        missing, extra = sorted(set(need) - set(found)), sorted(set(found) - set(need))
+        raise BadInput(f"{folder / WEIGHTS_FILE}: layer {path} "
+                       + (f"lacks {', '.join(missing)}" if missing
+                          else f"has unexpected {', '.join(extra)}"))
+    for name, shape in need.items():
+        if tuple(found[name].shape) != shape:
+            raise BadInput(f"{folder}: adapter weight for {path}.{name} is "
+                           f"{tuple(found[name].shape)} but this base model and the config need "
+                           f"{shape}: the adapter was made for a different base model")
 
 
 def _load_into(model: nn.Module, folder: Path, layer_weights, head_weights) -> None:

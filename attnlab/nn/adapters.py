@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from attnlab.nn.bottleneck import BottleneckAdapter
-from attnlab.nn.lora import LoRALinear
+from attnlab.nn.lora import LoRALinear, mergeable
 
 # where Houlsby et al. put the adapters: after attention's output projection and after the
 # feed-forward's second matrix
@@ -82,8 +82,7 @@ def fold_lora(model: nn.Module) -> bool:
     modules = dict(model.named_modules())
     left = False
     for path, layer in adapters(model).items():
-        if isinstance(layer, LoRALinear) and getattr(layer.base, "weight", None) is not None \
-                and layer.base.weight.is_floating_point():
+        if isinstance(layer, LoRALinear) and mergeable(layer.base):
             parent, _, name = path.rpartition(".")
             setattr(modules[parent] if parent else model, name, layer.folded())
         else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from attnlab.nn.feedforward import ACTIVATIONS
+from attnlab.nn.lora import device_of
 
 
 class BottleneckAdapter(nn.Module):
@@ -34,11 +35,11 @@ class BottleneckAdapter(nn.Module):
         self.base = base
         self.size, self.activation = size, activation
         self.act = ACTIVATIONS[activation]
-        weight = next(iter(base.parameters()))
+        device = device_of(base)  # an int4 base without a bias has buffers, no parameters
         d = base.out_features
-        self.adapter_down = nn.Linear(d, size, device=weight.device)
-        self.adapter_up = nn.Linear(size, d, device=weight.device)
-        if weight.device.type != "meta":
+        self.adapter_down = nn.Linear(d, size, device=device)
+        self.adapter_up = nn.Linear(size, d, device=device)
+        if device.type != "meta":
             nn.init.normal_(self.adapter_down.weight, std=0.01)
             nn.init.zeros_(self.adapter_down.bias)
             nn.init.zeros_(self.adapter_up.weight)

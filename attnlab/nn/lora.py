@@ -37,7 +37,7 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base = base
         self.r, self.alpha, self.scale = r, alpha, alpha / r
-        device = _device_of(base)
+        device = device_of(base)
         self.lora_A = nn.Linear(base.in_features, r, bias=False, device=device)
         self.lora_B = nn.Linear(r, base.out_features, bias=False, device=device)
         if device.type != "meta":
@@ -99,16 +99,24 @@ class LoRALinear(nn.Module):
         return self.base
 
 
-def _device_of(module: nn.Module) -> torch.device:
+def device_of(module: nn.Module) -> torch.device:
+    """Where a module's tensors live: its first parameter's device, or its first buffer's."""
     tensor = next(iter(module.parameters()), None)
     if tensor is None:
         tensor = next(iter(module.buffers()), None)
     return tensor.device if tensor is not None else torch.device("cpu")
 
 
-def _float_weight(base: nn.Module) -> Tensor:
+def mergeable(base: nn.Module) -> bool:
+    """Whether ``base`` holds its weight as a float parameter that an update can be added
+    to. An integer layer's ``weight`` is a dequantised copy made on each read: an update
+    added there would be lost, so a quantised base keeps its LoRA path apart."""
     weight = getattr(base, "weight", None)
-    if not isinstance(weight, Tensor) or not weight.is_floating_point():
+    return isinstance(weight, nn.Parameter) and weight.is_floating_point()
+
+
+def _float_weight(base: nn.Module) -> Tensor:
+    if not mergeable(base):
         raise ValueError(f"{type(base).__name__} holds no float weight to merge LoRA into "
                          "(a quantised base keeps its update apart)")
-    return weight
+    return base.weight

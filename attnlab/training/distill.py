@@ -32,8 +32,9 @@ from torch import Tensor, nn
 from attnlab.build import build_model
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
+from attnlab.training.encoders import finish_classifier
 from attnlab.training.loss import LossSums, label_smoothed_loss
-from attnlab.training.recipes import Prepared, Recipe, finish_classifier
+from attnlab.training.recipes import Prepared, Recipe
 from attnlab.training.tasks import CausalLM, Classify, Seq2Seq
 
 

@@ -20,9 +20,9 @@ from attnlab.data.classify import ClassifyBatches, fixed_batches
 from attnlab.data.conll import encode_sentences, read_conll, tag_set
 from attnlab.errors import BadInput, MissingFile
 from attnlab.metrics import entity_scores
-from attnlab.storage import load_weights, save_model_dir
 from attnlab.tagging import predict_tags
-from attnlab.training.recipes import Prepared, Recipe, from_encoder, token_encoder
+from attnlab.training.encoders import from_encoder, token_encoder
+from attnlab.training.recipes import Prepared, Recipe, write_final
 from attnlab.training.tasks import Tag
 from attnlab.training.train_config import TrainConfig
 
@@ -85,10 +85,8 @@ class NERRecipe(Recipe):
 
     def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
                rank: int) -> dict[str, float]:
-        """The kept model (``best/`` when early stopping kept one) scored on dev and test,
-        then written to ``final/``."""
-        if (out_dir / "best").exists():
-            load_weights(model, out_dir / "best")
+        """The model the run ends with (the one early stopping kept, when it kept one) scored
+        on dev and test, then written to ``final/``."""
         model.eval()
         results = {}
         tok = prepared.tokenizers["text"]
@@ -100,8 +98,5 @@ class NERRecipe(Recipe):
                 scores = entity_scores([list(s.tags) for s in sentences], pred)
                 results.update({f"{split}_precision": scores.precision,
                                 f"{split}_recall": scores.recall, f"{split}_f1": scores.f1})
-        if rank == 0:
-            save_model_dir(out_dir / "final", model, model.config,
-                           {k: t.to_dict() for k, t in prepared.tokenizers.items()},
-                           step=prepared.state["step"])
+        write_final(model, prepared, out_dir, rank)
         return results

@@ -21,9 +21,9 @@ from attnlab.config import ModelConfig
 from attnlab.data.squad import SpanBatches, fixed_span_batches, read_squad, training_rows
 from attnlab.errors import BadInput
 from attnlab.metrics import squad_scores
-from attnlab.qa import answer_many
-from attnlab.storage import load_weights, save_model_dir
-from attnlab.training.recipes import Prepared, Recipe, from_encoder, token_encoder
+from attnlab.qa import answer_many, check_window
+from attnlab.training.encoders import from_encoder, token_encoder
+from attnlab.training.recipes import Prepared, Recipe, write_final
 from attnlab.training.tasks import Span
 from attnlab.training.train_config import TrainConfig
 
@@ -63,8 +63,7 @@ class QARecipe(Recipe):
         held_out = read_squad(self.data, self.eval_articles)
         base, max_len = token_encoder(self.init, "qa", self.max_len)
         tok = base.tokenizer
-        if self.stride >= max_len // 2:
-            raise BadInput(f"--stride {self.stride} must be below half of --max-len {max_len}")
+        check_window(max_len, self.stride, max_len)
         window = {"max_len": max_len, "stride": self.stride}  # what `attnlab qa` reads with
         config = dataclasses.replace(base.config, head="qa", num_labels=2,
                                      extra={**base.config.extra, "qa_window": window})
@@ -89,18 +88,13 @@ class QARecipe(Recipe):
 
     def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
                rank: int) -> dict[str, float]:
-        """The kept model (``best/`` when early stopping kept one) answers every evaluation
-        question; SQuAD's EM and F1; the model is written to ``final/``."""
-        if (out_dir / "best").exists():
-            load_weights(model, out_dir / "best")
+        """The model the run ends with (the one early stopping kept, when it kept one) answers
+        every evaluation question; SQuAD's EM and F1; the model is written to ``final/``."""
         model.eval()
         questions = prepared.state["eval"]
         found = answer_many(model, prepared.tokenizers["text"],
                             [(q.question, q.context) for q in questions],
                             prepared.state["max_len"], self.stride, self.max_answer_len)
         em, f1 = squad_scores([text for text, *_ in found], [list(q.answers) for q in questions])
-        if rank == 0:
-            save_model_dir(out_dir / "final", model, model.config,
-                           {k: t.to_dict() for k, t in prepared.tokenizers.items()},
-                           step=prepared.state["step"])
+        write_final(model, prepared, out_dir, rank)
         return {"exact_match": em, "f1": f1, "questions": len(questions)}

@@ -10,9 +10,10 @@ model its own way (a classifier starts from a pretrained encoder) and add result
 * :class:`TranslationRecipe`: an encoder–decoder, the paper's recipe (``train translate``);
 * :class:`LMRecipe`: a decoder-only language model on a text file (``train lm``);
 * :class:`MLMRecipe`: BERT masked-LM (and NSP) pretraining (``train mlm``);
-* :class:`ClassifyRecipe`: fine-tuning a [CLS] classifier (``train classify``);
-* :class:`~attnlab.training.image.ImageRecipe`: a ViT on images (``train image``; its own
-  module).
+* fine-tuning a pretrained encoder, in modules of their own:
+  :class:`~attnlab.training.encoders.ClassifyRecipe` (a [CLS] classifier, ``train classify``),
+  :class:`~attnlab.training.ner.NERRecipe` and :class:`~attnlab.training.qa.QARecipe`;
+* :class:`~attnlab.training.image.ImageRecipe`: a ViT on images (``train image``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from attnlab.data import (
 )
 from attnlab.errors import BadInput
 from attnlab.interop import peft
-from attnlab.storage import Loaded, list_checkpoints, load_weights, save_model_dir
+from attnlab.storage import list_checkpoints, load_weights, save_model_dir
 from attnlab.tokenizers import (
     BPETokenizer,
     CharTokenizer,
@@ -49,7 +50,7 @@ from attnlab.tokenizers import (
 )
 from attnlab.training import distributed
 from attnlab.training.guard import RunLock
-from attnlab.training.tasks import CausalLM, Classify, MaskedLM, Seq2Seq
+from attnlab.training.tasks import CausalLM, MaskedLM, Seq2Seq
 from attnlab.training.trainer import TrainConfig, Trainer
 
 TOKENIZERS = {"char": CharTokenizer, "word": WordTokenizer}
@@ -89,6 +90,11 @@ class Recipe:
 
     def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
                rank: int) -> dict[str, float]:
+        """The run's end, given the model it ends with (the one early stopping kept, when it
+        kept one). By default that kept model becomes ``final/``, so the run folder means it
+        (otherwise the run folder means its newest checkpoint); no results."""
+        if (out_dir / "best").exists():
+            write_final(model, prepared, out_dir, rank)
         return {}
 
 
@@ -130,6 +136,8 @@ def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
     history = trainer.fit()
     prepared.state["step"] = trainer.step  # what final/ records it was made at
     model = trainer.full_model()  # whole again, on every rank, if the plan had split it
+    if (out_dir / "best").exists():  # early stopping kept a model: the run ends with that one
+        load_weights(model, out_dir / "best")
     results = recipe.finish(model, prepared, out_dir, rank)
     if model.config.adapter and rank == 0:  # the adapter alone, as peft writes it
         peft.save_adapter(model, out_dir / "adapter", str(train_config.adapter.get("base", "")))
@@ -333,113 +341,13 @@ class MLMRecipe(Recipe):
                         val_batches=[val.batch(i) for i in range(n_val)])
 
 
-@dataclass
-class ClassifyRecipe(Recipe):
-    """Labelled JSON lines with a fixed hash split (80/10/10), fine-tuning ``init``; early
-    stopping on validation loss keeps the best model, saved in ``out_dir/final``. Results:
-    accuracy and macro-F1 on the validation and test splits."""
-
-    arch = "encoder"
-    data: str | Path
-    text_field: str
-    label_field: str
-    init: str
-    max_len: int = 128
-    batch_size: int = 32
-    id_field: str = "id"
-
-    def prepare(self, model_config: ModelConfig | None,
-                train_config: TrainConfig) -> Prepared:
-        from attnlab.data.classify import (
-            ClassifyBatches,
-            encode_examples,
-            fixed_batches,
-            read_labelled,
-            split_by_hash,
-        )
-        from attnlab.storage import load
-
-        examples = read_labelled(self.data, self.text_field, self.label_field, self.id_field)
-        train, val, test = split_by_hash(examples)
-        labels = sorted({e.label for e in examples})
-        if len({e.label for e in train}) < 2:
-            raise BadInput(f"{self.data}: the training split has fewer than 2 labels")
-        base = load(self.init).expect("encoder", "train classify")
-        tok = base.tokenizer
-        max_len = min(self.max_len, base.max_len)
-        config = dataclasses.replace(base.config, head="classify", num_labels=len(labels),
-                                     extra={**base.config.extra, "labels": labels})
-        build.check_training_memory(config, self.batch_size, max_len,
-                                    f"--max-len {self.max_len} --batch {self.batch_size}",
-                                    train_config.device_for_memory)
-        rows = {name: encode_examples(part, tok, labels, max_len)
-                for name, part in (("train", train), ("val", val), ("test", test))}
-        val_batches = fixed_batches(rows["val"], self.batch_size, tok.pad_id)
-        return Prepared(config, {"text": tok},
-                        ClassifyBatches(rows["train"], self.batch_size, tok.pad_id,
-                                        train_config.seed),
-                        Classify(),
-                        f"{len(train)} train, {len(val)} validation, {len(test)} test "
-                        f"examples; labels {labels}; inputs cut to {max_len} tokens",
-                        val_batches=val_batches,
-                        state={"base": base.model,
-                               "test": fixed_batches(rows["test"], self.batch_size,
-                                                     tok.pad_id)})
-
-    def build(self, prepared: Prepared) -> nn.Module:
-        return from_encoder(prepared.config, prepared.state.pop("base"), self.init)
-
-    def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
-               rank: int) -> dict[str, float]:
-        return finish_classifier(model, prepared, out_dir, rank)
-
-
-def token_encoder(init: str, command: str, max_len: int) -> tuple[Loaded, int]:
-    """The pretrained encoder that a token-level task (NER, QA) starts from, and
-    the longest input it takes: ``max_len`` capped at the model's positions, not at a sentence
-    encoder's shorter cap (MiniLM's 256). Its tokenizer must be WordPiece: predictions map
-    back to words and characters through it."""
-    from attnlab.storage import load
-
-    base = load(init).expect("encoder", f"train {command}")
-    if not hasattr(base.tokenizer, "backend"):
-        raise BadInput(f"{init}: train {command} needs a WordPiece tokenizer (a BERT-family "
-                       "model), not a character or word one")
-    return base, min(max_len, base.config.max_len - base.config.position_offset)
-
-
-def from_encoder(config: ModelConfig, base: nn.Module, init: str) -> nn.Module:
-    """A model of ``config`` (an encoder with a new head) whose encoder (and pooler, when it
-    has one) is copied from ``base``; the new head starts at N(0, 0.02)."""
-    model = build_model(config)
-    heads = ("mlm.", "nsp.", "classifier.", "qa.") + (() if model.pooler else ("pooler.",))
-    state = {k: v for k, v in base.state_dict().items() if not k.startswith(heads)}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or any(not k.startswith(("pooler.", "classifier.", "qa.")) for k in missing):
-        raise BadInput(f"{init}: encoder weights do not fit (missing {missing[:3]}, "
-                       f"unexpected {unexpected[:3]})")
-    return model
-
-
-def finish_classifier(model: nn.Module, prepared: Prepared, out_dir: Path,
-                      rank: int) -> dict[str, float]:
-    """A classifier's end of training (text or images): the best model (``best/``, when early
-    stopping kept one) scored on the validation and test (``state["test"]``) batches, and
-    written to ``final/``."""
-    from attnlab.training.tasks import classification_metrics
-
-    if (out_dir / "best").exists():
-        load_weights(model, out_dir / "best")
-    device, n = next(model.parameters()).device, model.config.num_labels
-    results = {}
-    for split, batches in (("val", prepared.val_batches), ("test", prepared.state["test"])):
-        results.update({f"{split}_{k}": v for k, v in classification_metrics(
-            model, batches, device, n, prepared.task).items()})
+def write_final(model: nn.Module, prepared: Prepared, out_dir: Path, rank: int) -> None:
+    """``model`` as ``out_dir/final`` (rank 0 writes), recorded as made at the run's last step
+    (so a run folder means it until training resumes past that step)."""
     if rank == 0:
         save_model_dir(out_dir / "final", model, model.config,
                        {k: t.to_dict() for k, t in prepared.tokenizers.items()},
                        step=prepared.state["step"])
-    return results
 
 
 # --- the same recipes as plain functions ---------------------------------------------------
@@ -474,15 +382,5 @@ def train_mlm(text_path: str | Path, out_dir: str | Path, model_config: ModelCon
     return done.model, done.tokenizers["text"], done.history
 
 
-def train_classify(data: str | Path, text_field: str, label_field: str, init: str,
-                   out_dir: str | Path, train_config: TrainConfig, max_len: int = 128,
-                   batch_size: int = 32, id_field: str = "id", resume: bool = False,
-                   log=print) -> dict[str, float]:
-    """The validation and test splits' accuracy and macro-F1."""
-    recipe = ClassifyRecipe(data, text_field, label_field, init, max_len, batch_size, id_field)
-    return run(recipe, out_dir, None, train_config, resume, log).results
-
-
 __all__ = ["Recipe", "Prepared", "TrainedRun", "run", "TranslationRecipe", "LMRecipe",
-           "MLMRecipe", "ClassifyRecipe", "finish_classifier", "train_translation", "train_lm",
-           "train_mlm", "train_classify"]
+           "MLMRecipe", "write_final", "train_translation", "train_lm", "train_mlm"]

@@ -81,6 +81,23 @@ def test_qa_answers_with_a_span_of_the_context(capsys, tmp_path, qa_run):
     assert got["answer"] and context[got["start"] : got["end"]] == got["answer"]
 
 
+@pytest.mark.parametrize("flags, question, says", [
+    (["--stride", "20"], "who travelled ?", "--stride 20"),
+    (["--max-len", "4000"], "who travelled ?", "--max-len 4000"),
+    (["--max-answer-len", "0"], "who travelled ?", "--max-answer-len"),
+    ([], "who travelled to oslo and stayed there " * 3, "cannot hold it"),
+])
+def test_windows_that_cannot_be_read_are_one_line(capsys, tmp_path, qa_run, flags, question,
+                                                  says):
+    """Bad window options, and a question that leaves no room for the context in the run's
+    windows (24 tokens, stride 6)."""
+    run, _, _ = qa_run
+    (tmp_path / "context.txt").write_text("clara travelled to oslo .")
+    r = cli(capsys, "qa", "--model", run, "--context", tmp_path / "context.txt", *flags,
+            question)
+    assert_bad_input(r, says, while_running=True)
+
+
 def test_overlapping_article_ranges_are_refused(capsys, tmp_path, qa_run):
     _, squad, _ = qa_run
     r = cli(capsys, "train", "qa", "--data", squad, "--train-articles", "0-3",

@@ -106,3 +106,57 @@ def test_an_adapter_for_another_base_model_is_one_clear_error(base, tmp_path):
     cls(config).save_pretrained(other_folder)
     with pytest.raises(BadInput, match="made for a different base model"):
         load_adapter(from_pretrained(other_folder), tmp_path)
+
+
+def _tamper(folder, config=None, drop=(), add=None):
+    """Rewrite an adapter folder: config fields changed, tensors dropped or added."""
+    from safetensors.torch import load_file, save_file
+
+    if config:
+        cfg = json.loads((folder / "adapter_config.json").read_text())
+        (folder / "adapter_config.json").write_text(json.dumps({**cfg, **config}))
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(drop or ("\0",))}
+    tensors.update(add or {})
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"drop": ("lora_B.weight",)}, "lacks lora_B.weight"),
+    ({"add": {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.bias": torch.zeros(4)}},
+     "has unexpected lora_A.bias"),
+    ({"config": {"r": 65536}}, "made for a different base model"),
+])
+def test_a_damaged_adapter_is_named_before_anything_is_made(tmp_path, change, says):
+    """A tensor missing (B would stay zero: an adapter that silently does nothing), one more
+    than LoRA has, or a rank the tensors do not have (checked before any layer of that rank
+    is allocated): each one line, and the model is left as it was."""
+    cls, config = CONFIGS["llama"]
+    torch.manual_seed(0)
+    cls(config).save_pretrained(tmp_path / "base")
+    ours = from_pretrained(tmp_path / "base")
+    adapt(ours, adapter_spec(ours, r=4, targets=["q", "v"]))
+    save_adapter(ours, tmp_path / "adapter")
+    _tamper(tmp_path / "adapter", **change)
+    model = from_pretrained(tmp_path / "base")
+    with pytest.raises(BadInput, match=says):
+        load_adapter(model, tmp_path / "adapter")
+    assert not model.config.adapter and not any("lora" in n for n, _ in model.named_modules())
+
+
+def test_a_bottleneck_adapter_folder_reads_back_with_the_same_outputs(tmp_path):
+    """attnlab's own adapter type (peft has no Houlsby adapters) through the same folder
+    format: written, read onto a fresh base, the same logits."""
+    cls, config = CONFIGS["bert"]
+    torch.manual_seed(0)
+    cls(config).save_pretrained(tmp_path / "base")
+    ours = from_pretrained(tmp_path / "base").eval()
+    adapt(ours, adapter_spec(ours, method="bottleneck", size=8))
+    _randomise(trainable_state(ours).values())
+    save_adapter(ours, tmp_path / "adapter")
+    loaded = load_adapter(from_pretrained(tmp_path / "base"), tmp_path / "adapter").eval()
+    assert loaded.config.adapter["method"] == "bottleneck"
+    assert trainable_state(loaded).keys() == trainable_state(ours).keys()
+    torch.testing.assert_close(_logits(loaded, IDS), _logits(ours, IDS), atol=1e-6, rtol=0)
+    assert (_logits(loaded, IDS) - _logits(from_pretrained(tmp_path / "base"), IDS)).abs().max() \
+        > 1e-3

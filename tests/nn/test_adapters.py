@@ -168,3 +168,32 @@ def test_lora_over_int4_trains_with_the_gradient_of_the_dequantised_weight():
     for g, ref in zip(got, (x_ref.grad, a.grad, b.grad), strict=True):
         assert (g - ref).abs().max() <= 0.02 * ref.abs().max()  # bf16 kernels
     assert not any(p.requires_grad for p in base.parameters())
+
+
+def test_lora_over_int4_is_kept_apart_not_folded_into_a_copy():
+    """An integer layer's ``weight`` is a dequantised copy: merging or folding into it would
+    drop the update. ``merge`` refuses, and ``fold_lora`` leaves the LoRA path in place, so
+    an adapted 4-bit model computes the same before and after folding."""
+    from attnlab.nn.adapters import fold_lora
+    from attnlab.nn.quantized import Int4Linear
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Int4Linear.from_linear(nn.Linear(64, 32)), nn.Linear(32, 32))
+    model[0] = LoRALinear(model[0], r=4, alpha=8)
+    model[1] = LoRALinear(model[1], r=4, alpha=8)
+    with torch.no_grad():
+        for layer in model:
+            layer.lora_B.weight.normal_()
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        before = model(x)
+        plain = model[0].base(x)
+    with pytest.raises(ValueError, match="no float weight"):
+        model[0].merge()
+    assert fold_lora(model)  # a layer remains adapted
+    assert isinstance(model[0], LoRALinear) and isinstance(model[1], nn.Linear)
+    with torch.no_grad():
+        after = model(x)
+    assert (after - before).abs().max() <= 1e-5 * before.abs().max()
+    assert (model[0](x) - plain).abs().max() > 0.1  # the update is there
+

@@ -15,7 +15,8 @@ from attnlab.data.classify import read_labelled, split_by_hash
 from attnlab.data.mlm import MLMBatches
 from attnlab.encoding import classify_texts, load_encoder
 from attnlab.tokenizers import WordPieceTokenizer
-from attnlab.training.recipes import train_classify, train_mlm
+from attnlab.training.encoders import train_classify
+from attnlab.training.recipes import train_mlm
 from attnlab.training.schedule import LinearSchedule, schedule_to_dict
 from attnlab.training.tasks import MaskedLM, classification_metrics
 from attnlab.training.trainer import TrainConfig

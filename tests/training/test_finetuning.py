@@ -139,8 +139,34 @@ def test_early_stopping_keeps_the_best_model(data, tmp_path):
     best_step = min(val, key=val.get)
     assert json.loads((run / "best" / "step.json").read_text())["step"] == best_step
     # training stopped after --patience passes without a better loss, or at the last step
-    last = max(val)
-    assert last == 12 or sum(step > best_step for step in val) == 2
+    after = sum(step > best_step for step in val)
+    assert after <= 2 and (max(val) == 12 or after == 2)
+    _assert_final_is_best(run)
+
+
+def _assert_final_is_best(run):
+    """The run ends with the model early stopping kept: ``final/`` (what the run folder
+    means) holds ``best/``'s weights."""
+    best = load_state(run / "best" / "model.safetensors")
+    final = load_state(run / "final" / "model.safetensors")
+    assert best.keys() == final.keys()
+    assert all(torch.equal(best[k], final[k]) for k in best)
+    assert load(run).path == run / "final"
+
+
+def test_early_stopping_ends_a_language_model_run_with_its_best_model(data, tmp_path):
+    """Not only the recipes that score a kept model: ``train lm --patience`` too."""
+    run = tmp_path / "lm"
+    code = main(["train", "lm", "--text", str(data / "corpus.txt"), "--preset", "gpt-mini",
+                 "--block", "16", "--batch", "8", "--steps", "12", "--eval-every", "2",
+                 "--patience", "1", "--lr", "3e-2", "--out", str(run), "--no-progress",
+                 "--device", "cpu", "--precision", "fp32"])
+    assert code == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    val = {row["step"]: row["val_loss"] for row in rows if "val_loss" in row}
+    best_step = min(val, key=val.get)
+    assert json.loads((run / "best" / "step.json").read_text())["step"] == best_step
+    _assert_final_is_best(run)
 
 
 def test_adapter_flags_without_an_adapter_are_one_line_errors(data, tmp_path, capsys):
@@ -150,3 +176,15 @@ def test_adapter_flags_without_an_adapter_are_one_line_errors(data, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 2 and "--lora-targets and --lora-alpha need --lora R" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag, says", [("--lora", "--lora must be a rank >= 1, got 0"),
+                                        ("--bottleneck", "--bottleneck must be a size >= 1")])
+def test_a_zero_adapter_size_is_refused_not_a_full_fine_tune(data, tmp_path, capsys, flag,
+                                                             says):
+    code = main(["train", "classify", "--data", str(data / "reviews.jsonl"), "--text-field",
+                 "text", "--label-field", "label", "--init", str(data / "encoder"), "--out",
+                 str(tmp_path / "run"), flag, "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "checkpoints").exists()
