@@ -104,33 +104,36 @@ def load(spec: str | os.PathLike, int4: bool = False,
     """Resolve ``spec`` (see the module docstring) into a :class:`Loaded`, on the CPU in
     float32 (``int4``: 4-bit weight matrices with bf16 activations; a GGUF file keeps its own
     Q4_1 codes, other models are quantised). ``adapter``: a peft-format adapter folder added
-    onto the model (attnlab's or peft's). LoRA updates are folded into the weights for
-    inference (before ``int4`` quantises them), so the model runs at the plain model's speed;
-    bottleneck adapters stay as layers."""
+    onto the model (attnlab's or peft's). LoRA updates are folded into float weights for
+    inference, so the model runs at the plain model's speed; over 4-bit weights (``int4``,
+    quantised before the adapter is added) the LoRA path stays beside the codes, as a QLoRA
+    run trained it: folding an update smaller than a quantisation step and quantising again
+    would lose most of it. Bottleneck adapters stay as layers."""
     path = ALIASES[str(spec)]() if str(spec) in ALIASES else Path(spec)
     if not path.exists():
         raise MissingFile(f"model not found: {path}")
     if path.suffix == ".gguf":
         from attnlab.interop.gguf import load_gguf
 
-        model, tok = load_gguf(path, quantized=int4 and adapter is None)
+        model, tok = load_gguf(path, quantized=int4)
         loaded = _loaded(model, {"text": tok}, path)
-        int4 = int4 and adapter is not None  # GGUF's own codes, unless an adapter goes first
+        int4 = False  # done: the file's own codes (or its weights quantised)
     elif _is_hf_folder(path):
         loaded = _load_hf(path)
     else:
         model, _, tokenizers = load_model_dir(path)
         loaded = _loaded(model, tokenizers, resolve_model_dir(path))
+    if int4:  # the matrices, never an adapter's own small ones
+        from attnlab.nn.quantized import quantize
+
+        quantize(loaded.model, bits=4,
+                 skip=("lm_head", "lora_A", "lora_B", "adapter_down", "adapter_up"))
     if adapter is not None:
         from attnlab.interop.peft import load_adapter
 
         load_adapter(loaded.model, adapter)
     if loaded.config.adapter:
         _fold_adapters(loaded.model)
-    if int4:
-        from attnlab.nn.quantized import quantize
-
-        quantize(loaded.model, bits=4)
     return loaded
 
 

@@ -56,6 +56,25 @@ def test_a_folder_that_is_no_adapter_is_named(capsys, lm_run, tmp_path):
     assert_bad_input(r, str(tmp_path), "adapter_config.json")
 
 
+def test_an_adapter_with_int4_stays_beside_the_same_4_bit_codes(lm_run, lm_adapter):
+    """``--int4 --adapter``: the base quantised first, as a QLoRA run trains over it, and the
+    LoRA path beside its codes (folding then quantising again would lose an update smaller
+    than a quantisation step)."""
+    from attnlab.nn.lora import LoRALinear
+    from attnlab.nn.quantized import Int4Linear
+
+    folder, _ = lm_adapter
+    adapted = load(lm_run, int4=True, adapter=folder).model
+    plain = load(lm_run, int4=True).model
+    layers = {n: m for n, m in adapted.named_modules() if isinstance(m, LoRALinear)}
+    assert layers and all(isinstance(m.base, Int4Linear) for m in layers.values())
+    for name, layer in layers.items():
+        assert torch.equal(layer.base.codes, plain.get_submodule(name).codes)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert (adapted(ids) - plain(ids)).abs().max() > 1e-2  # the update is there
+
+
 def test_lora_over_a_4_bit_base_keeps_the_codes_and_generates(capsys, lm_run, tmp_path):
     from safetensors.torch import load_file
 
