@@ -37,6 +37,7 @@ reports).
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 from torch import Tensor, nn
@@ -103,29 +104,67 @@ def _signature(model: nn.Module, args: tuple) -> tuple:
 
 class CompiledStep:
     """A one-token step, :func:`one_token` by default (``function=encoder_decoder_token`` for
-    the encoder–decoder), compiled with ``torch.compile`` (inductor's C++ backend on a CPU,
-    Triton on a GPU; ``backend`` picks another, e.g. ``"eager"`` in tests), with what compiling
-    cost: ``compile_seconds`` is the time of each new shape's first call (tracing, code
-    generation and that step), ``compiles`` how many there were. Shapes are static: a new batch
-    size or capacity compiles a new graph, a new token or position never does."""
+    the encoder–decoder), compiled with ``torch.compile`` (inductor's C++ backend on a CPU;
+    on a GPU, Triton kernels replayed as one CUDA graph a token; ``backend`` picks another,
+    e.g. ``"eager"`` in tests), with what compiling cost: ``compile_seconds`` is the time of
+    each new shape's first call (tracing, code generation and that step), ``compiles`` how
+    many there were. Shapes are static: a new batch size or capacity compiles a new graph, a
+    new token or position never does."""
 
     def __init__(self, backend: str = "inductor", function=one_token):
-        self.function = torch.compile(function, backend=backend, dynamic=False, fullgraph=True)
+        self.backend, self.function = backend, function
         self.compile_seconds = 0.0
         self.compiles = 0
         self._shapes: set[tuple] = set()
+        self._compiled: dict[str, object] = {}  # device type -> compiled function
+        self._marked = lambda: None  # (a weak reference to) the cache last marked static
+
+    def _for(self, args: tuple):
+        """The compiled function for the device of ``args``: on CUDA, inductor's
+        "reduce-overhead" mode records the step as a CUDA graph, so a token costs one launch
+        instead of one per kernel (gpt-fast's recipe)."""
+        device = next(a.device.type for a in args if isinstance(a, Tensor))
+        if device not in self._compiled:
+            graphs = device == "cuda" and self.backend == "inductor"
+            self._compiled[device] = torch.compile(
+                self.function, backend=self.backend, dynamic=False, fullgraph=True,
+                mode="reduce-overhead" if graphs else None)
+        return self._compiled[device], device == "cuda" and self.backend == "inductor"
+
+    def _mark_static(self, args: tuple) -> None:
+        """A CUDA graph replays fixed addresses: the caches' storage, which the step writes
+        in place, is declared so (not copied in and out at every token). A new cache (a new
+        request) has new addresses, and its first step records the graph again; Dynamo does
+        not guard them, so nothing recompiles."""
+        for a in args:
+            if isinstance(a, (StaticCache, StaticDecoderCache)) and a is not self._marked():
+                for layer in a:
+                    kv = layer if isinstance(a, StaticCache) else layer.self_attn
+                    torch._dynamo.mark_static_address(kv.k, guard=False)
+                    torch._dynamo.mark_static_address(kv.v, guard=False)
+                self._marked = weakref.ref(a)
 
     def __call__(self, model: nn.Module, *args) -> Tensor:
+        function, graphs = self._for(args)
+        if graphs:
+            self._mark_static(args)
+            # each call is a new step: the previous step's output memory may be reused, so
+            # the logits are copied out of the graph's pool
+            torch.compiler.cudagraph_mark_step_begin()
         shape = _signature(model, args)
         if shape in self._shapes:
-            return self.function(model, *args)
+            logits = function(model, *args)
+            return logits.clone() if graphs else logits
         # Each shape is a graph of its own (a server's row counts times capacity buckets):
         # more than Dynamo's default of 8 a function. Its settings are per thread, and the
         # thread that compiles (a server's engine) decides.
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, 64)
         begun = time.perf_counter()
-        logits = self.function(model, *args)
+        logits = function(model, *args)
+        if graphs:
+            logits = logits.clone()
+            torch.cuda.synchronize()
         self.compile_seconds += time.perf_counter() - begun
         self.compiles += 1
         self._shapes.add(shape)
