@@ -100,33 +100,39 @@ class Loaded:
 
 
 def load(spec: str | os.PathLike, int4: bool = False,
-         adapter: str | os.PathLike | None = None) -> Loaded:
+         adapter: str | os.PathLike | None = None, int8: bool = False) -> Loaded:
     """Resolve ``spec`` (see the module docstring) into a :class:`Loaded`, on the CPU in
     float32 (``int4``: 4-bit weight matrices with bf16 activations; a GGUF file keeps its own
-    Q4_1 codes, other models are quantised). ``adapter``: a peft-format adapter folder added
-    onto the model (attnlab's or peft's). LoRA updates are folded into float weights for
-    inference, so the model runs at the plain model's speed; over 4-bit weights (``int4``,
-    quantised before the adapter is added) the LoRA path stays beside the codes, as a QLoRA
-    run trained it: folding an update smaller than a quantisation step and quantising again
-    would lose most of it. Bottleneck adapters stay as layers."""
+    Q4_1 codes, other models are quantised; ``int8``: 8-bit matrices with one scale per output
+    channel, PyTorch's int8 kernel taking per-channel scales only, so a GGUF's Q8_0 blocks,
+    a scale per 32 weights, are re-quantised per channel from their values: each weight moves
+    by at most half its row's step, ``max|row| / 254``). ``adapter``: a peft-format adapter
+    folder added onto the model (attnlab's or peft's). LoRA updates are folded into float
+    weights for inference, so the model runs at the plain model's speed; over integer weights
+    (``int4``, ``int8``: quantised before the adapter is added) the LoRA path stays beside the
+    codes, as a QLoRA run trained it: folding an update smaller than a quantisation step and
+    quantising again would lose most of it. Bottleneck adapters stay as layers."""
     path = ALIASES[str(spec)]() if str(spec) in ALIASES else Path(spec)
     if not path.exists():
         raise MissingFile(f"model not found: {path}")
+    bits = 4 if int4 else 8 if int8 else None
+    if int4 and int8:
+        raise BadInput("int4 or int8, not both")
     if path.suffix == ".gguf":
         from attnlab.interop.gguf import load_gguf
 
         model, tok = load_gguf(path, quantized=int4)
         loaded = _loaded(model, {"text": tok}, path)
-        int4 = False  # done: the file's own codes (or its weights quantised)
+        bits = 8 if int8 else None  # int4 is done: the file's own codes (or quantised)
     elif _is_hf_folder(path):
         loaded = _load_hf(path)
     else:
         model, _, tokenizers = load_model_dir(path)
         loaded = _loaded(model, tokenizers, resolve_model_dir(path))
-    if int4:  # the matrices, never an adapter's own small ones
+    if bits:  # the matrices, never an adapter's own small ones
         from attnlab.nn.quantized import quantize
 
-        quantize(loaded.model, bits=4,
+        quantize(loaded.model, bits=bits,
                  skip=("lm_head", "lora_A", "lora_B", "adapter_down", "adapter_up"))
     if adapter is not None:
         from attnlab.interop.peft import load_adapter

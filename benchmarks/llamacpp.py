@@ -2,7 +2,8 @@
 process, with the same threads (#25 item 4; #21's "attnlab vs llama.cpp").
 
 For each file (SmolLM2-135M-Instruct: the packaged Q4_1 file, and f32, f16 and q8_0 files that
-``attnlab export gguf`` writes from it), each engine:
+``attnlab export gguf`` writes from it), each engine (attnlab runs Q4_1 on the file's 4-bit
+codes, ``--int4``, and Q8_0 on 8-bit codes re-quantised per channel, ``--int8``):
 
 * prefill: one forward pass over a ``--prefill``-token prompt (tokens/s);
 * decode: batch 1, greedy, ``--new-tokens`` tokens after a short prompt, never stopping at the
@@ -50,12 +51,14 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
     import attnlab
     from attnlab.generation.compiled import CompiledStep
     from attnlab.generation.decoder_only import for_decoding, generate
+    from attnlab.nn.quantized import float_dtype
 
     torch.set_num_threads(threads)
-    int4 = kind == "q4_1"
-    loaded = attnlab.load(path, int4=int4)
-    precision = "bf16" if int4 else "fp32"
-    model = for_decoding(loaded.model, "cpu", precision, int4)
+    # the integer files run on integer codes: Q4_1's own, Q8_0's re-quantised per channel
+    int4, int8 = kind == "q4_1", kind == "q8_0"
+    loaded = attnlab.load(path, int4=int4, int8=int8)
+    precision = "bf16" if int4 or int8 else "fp32"
+    model = for_decoding(loaded.model, "cpu", precision, int4 or int8)
     tok = loaded.tokenizer
     prompt = torch.tensor([tok.encode(PROMPT)])
     long = torch.tensor([(tok.encode(FILLER * 64))[:prefill]])
@@ -70,11 +73,12 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
                        compiled=compiled)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     weights += sum(b.numel() * b.element_size() for b in model.buffers())
-    kv_dtype = torch.bfloat16 if int4 else torch.float32
+    kv_dtype = float_dtype() if int4 or int8 else torch.float32
     return dict(prompt=prompt[0].tolist(), ids=out[0, prompt.shape[1]:].tolist(),
                 prefill_tps=prefill / prefill_s, decode_tps=(new - 1) / (ticks[-1] - ticks[0]),
                 weight_bytes=weights, kv_bytes=_kv_bytes(model.config, kv_dtype.itemsize),
-                precision=("int4 codes, bf16 activations" if int4 else precision)
+                precision=("int4 codes, bf16 activations" if int4 else
+                           "int8 per channel, bf16 activations" if int8 else precision)
                 + (f", compiled ({compiled.compile_seconds:.0f} s)" if compile else ""))
 
 

@@ -91,7 +91,7 @@ def main() -> None:
     drafts: dict[str, nn.Module] = {}
     if not args.no_int4:
         drafts["int4 draft"] = for_decoding(attnlab.load("smollm2", int4=True).model, "cpu",
-                                            int4=True)
+                                            integer=True)
     for n in args.layers:
         if n > 0:
             drafts[f"first-{n} draft"] = first_layers(target, n)

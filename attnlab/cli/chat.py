@@ -97,10 +97,11 @@ def cmd_chat(args: argparse.Namespace) -> None:
         raise UsageError(f"--chat-template {args.chat_template}: no such file")
     device, precision, what = decoding_runtime(args)
     check_decoding_args(args, torch.zeros(1, 1, dtype=torch.long))  # before the model loads
-    loaded = load(args.model, int4=args.int4, adapter=args.adapter).expect("decoder", "chat")
+    loaded = load(args.model, int4=args.int4, int8=args.int8,
+                  adapter=args.adapter).expect("decoder", "chat")
     template = chat_template_for(loaded, args.chat_template)
     tok = loaded.tokenizer
-    model = for_decoding(loaded.model, device, precision, args.int4)
+    model = for_decoding(loaded.model, device, precision, args.int4 or args.int8)
     load_s = time.perf_counter() - started
     stops = template.stop_strings
     stop_ids = stop_token_ids(tok, stops)

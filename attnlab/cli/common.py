@@ -310,9 +310,25 @@ def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int, compile: 
     p.add_argument("--seed", type=int,
                    help="random seed of sampling (default: a fresh one, printed on stderr; "
                         "greedy decoding needs none)")
+    add_integer_args(p)
+    add_compile_arg(p, compile)
+
+
+def add_integer_args(p: argparse.ArgumentParser) -> None:
+    """``--int4`` / ``--int8``: integer weight matrices, run by PyTorch's CPU kernels."""
     p.add_argument("--int4", action="store_true",
                    help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
-    add_compile_arg(p, compile)
+    p.add_argument("--int8", action="store_true",
+                   help="8-bit weights, one scale per output channel, bf16 activations in the "
+                        "kernel (a GGUF's Q8_0 blocks are re-quantised per channel)")
+
+
+def integer_bits(args: argparse.Namespace) -> int | None:
+    """4 or 8 with ``--int4``/``--int8`` (commands without them: None)."""
+    int4, int8 = getattr(args, "int4", False), getattr(args, "int8", False)
+    if int4 and int8:
+        raise UsageError("--int4 or --int8, not both")
+    return 4 if int4 else 8 if int8 else None
 
 
 def add_compile_arg(p: argparse.ArgumentParser, default: bool = False) -> None:
@@ -337,13 +353,15 @@ def compiled_step(args: argparse.Namespace, encoder_decoder: bool = False):
 
 def decoding_runtime(args: argparse.Namespace) -> tuple[torch.device, str, str]:
     """``(device, precision, what announce says)`` of a decoding command: :func:`runtime`,
-    except that ``--int4`` computes in bf16 on the CPU (PyTorch's 4-bit kernel is a CPU one)."""
-    if args.int4:
+    except that ``--int4``/``--int8`` run on the CPU (PyTorch's integer kernels are CPU ones),
+    their kernels in bf16."""
+    bits = integer_bits(args)
+    if bits:
         if args.precision not in (None, "auto", "bf16"):
-            raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
+            raise UsageError(f"--int{bits} computes in bf16; drop --precision {args.precision}")
         args.device = "cpu" if args.device == "auto" else args.device
     device, precision = runtime(args)
-    return device, precision, "int4 weights, bf16" if args.int4 else precision
+    return device, precision, f"int{bits} weights, bf16" if bits else precision
 
 
 def check_decoding_args(args: argparse.Namespace, ids: torch.Tensor) -> None:

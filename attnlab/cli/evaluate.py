@@ -26,11 +26,14 @@ from typing import TYPE_CHECKING
 from attnlab.cli.common import (
     UsageError,
     add_compile_arg,
+    add_integer_args,
     add_model_arg,
     add_out_arg,
     add_runtime_args,
     announce,
     compiled_step,
+    decoding_runtime,
+    integer_bits,
     load_for,
     read_text_file,
     runtime,
@@ -128,18 +131,17 @@ def _demos(args: argparse.Namespace, examples: list[Example]) -> list[list[Examp
 
 
 def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str]:
-    """``(loaded, device, precision)``; ``--int4`` as ``generate`` runs it (CPU, bf16)."""
-    if not args.int4:
+    """``(loaded, device, precision)``; ``--int4``/``--int8`` as ``generate`` runs them (CPU,
+    bf16 kernels)."""
+    if not integer_bits(args):
         return load_for(args, "decoder")
     from attnlab.generation.decoder_only import for_decoding
     from attnlab.storage import load
 
-    if args.precision not in (None, "auto", "bf16"):
-        raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
-    args.device = "cpu" if args.device == "auto" else args.device
-    device, _ = runtime(args)
-    loaded = load(args.model, int4=True, adapter=args.adapter).expect("decoder", args.command)
-    loaded.model = for_decoding(loaded.model, device, "bf16", int4=True)
+    device, _, _ = decoding_runtime(args)
+    loaded = load(args.model, int4=args.int4, int8=args.int8,
+                  adapter=args.adapter).expect("decoder", args.command)
+    loaded.model = for_decoding(loaded.model, device, "bf16", integer=True)
     return loaded, device, "bf16"
 
 
@@ -198,8 +200,9 @@ def cmd_evaluate_lm(args: argparse.Namespace) -> None:
     ids = tok.encode(text, add_bos=args.bos)
     if len(ids) < 2:
         raise UsageError(f"{args.text}: {len(ids)} token(s); perplexity needs at least 2")
-    announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
-    precise = contextlib.nullcontext() if args.int4 else hardware.autocast(device, precision)
+    bits = integer_bits(args)
+    announce(args, loaded.path, device, f"int{bits} weights, bf16" if bits else precision)
+    precise = contextlib.nullcontext() if bits else hardware.autocast(device, precision)
     start = time.perf_counter()
     with precise:
         nll, n = rolling_nll(loaded.model, ids, block, stride, args.batch)
@@ -226,8 +229,9 @@ def cmd_evaluate_choice(args: argparse.Namespace) -> None:
     examples = examples[: args.limit]
     loaded, device, precision = _decoder(args)
     requests = _requests(args, loaded, examples, demos)
-    announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
-    precise = contextlib.nullcontext() if args.int4 else hardware.autocast(device, precision)
+    bits = integer_bits(args)
+    announce(args, loaded.path, device, f"int{bits} weights, bf16" if bits else precision)
+    precise = contextlib.nullcontext() if bits else hardware.autocast(device, precision)
     start = time.perf_counter()
     # batched longest first, as lm-evaluation-harness orders its requests: questions of
     # about the same length share a batch, so little of it is padding
@@ -384,8 +388,7 @@ def add_commands(sub) -> None:
     ch.add_argument("--limit", type=int, metavar="N",
                     help="score only the first N questions (demonstrations still come from "
                          "the whole pool)")
-    ch.add_argument("--int4", action="store_true",
-                    help="4-bit weights, bf16 activations, on the CPU (as generate --int4)")
+    add_integer_args(ch)
     ch.add_argument("--json", action="store_true",
                     help="print one JSON object instead: acc, acc_norm and their standard "
                          "errors, seconds (the scoring alone), and per question its line, "
@@ -415,7 +418,6 @@ def add_commands(sub) -> None:
     lm.add_argument("--bos", action="store_true",
                     help="put the BOS token first, so that the text's first token is scored "
                          "too (as tokenizers that add BOS, Llama's, encode)")
-    lm.add_argument("--int4", action="store_true",
-                    help="4-bit weights, bf16 activations, on the CPU (as generate --int4)")
+    add_integer_args(lm)
     add_runtime_args(lm)
     lm.set_defaults(func=cmd_evaluate_lm)

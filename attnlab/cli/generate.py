@@ -41,9 +41,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if args.draft_int4:  # PyTorch's 4-bit kernel is a CPU one
         args.device = "cpu" if args.device == "auto" else args.device
     device, precision, what = decoding_runtime(args)
-    loaded = load(args.model, int4=args.int4, adapter=args.adapter).expect("decoder", "generate")
+    loaded = load(args.model, int4=args.int4, int8=args.int8,
+                  adapter=args.adapter).expect("decoder", "generate")
     tok = loaded.tokenizer
-    model = for_decoding(loaded.model, device, precision, args.int4)
+    model = for_decoding(loaded.model, device, precision, args.int4 or args.int8)
     draft, draft_label = (None, "") if args.draft is None else \
         _load_draft(args, device, precision, tok)
     loaded_in = time.perf_counter() - started

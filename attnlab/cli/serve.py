@@ -20,11 +20,12 @@ import time
 from attnlab.cli.common import (
     UsageError,
     add_compile_arg,
+    add_integer_args,
     add_model_arg,
     add_runtime_args,
     announce,
     compiled_step,
-    runtime,
+    decoding_runtime,
     timing_line,
 )
 
@@ -87,12 +88,8 @@ def build_service(args: argparse.Namespace):
     from attnlab.serving.app import Service
     from attnlab.storage import load
 
-    if args.int4:
-        if args.precision not in (None, "auto", "bf16"):
-            raise UsageError(f"--int4 computes in bf16; drop --precision {args.precision}")
-        args.device = "cpu" if args.device == "auto" else args.device
-    device, precision = runtime(args)
-    loaded = load(args.model, int4=args.int4, adapter=args.adapter)
+    device, precision, what = decoding_runtime(args)
+    loaded = load(args.model, int4=args.int4, int8=args.int8, adapter=args.adapter)
     name = args.name or (args.model if not os.path.exists(args.model)
                          else os.path.basename(os.path.normpath(args.model)))
     common = dict(name=name, tokenizer=loaded.tokenizer, token_limit=args.max_tokens,
@@ -101,7 +98,8 @@ def build_service(args: argparse.Namespace):
         from attnlab.generation.decoder_only import for_decoding
         from attnlab.serving.engine import Engine
 
-        model = for_decoding(loaded.model, device, precision, args.int4, rows=args.max_batch)
+        model = for_decoding(loaded.model, device, precision, args.int4 or args.int8,
+                             rows=args.max_batch)
         template = None
         try:
             from attnlab.generation.chat import chat_template_for
@@ -113,7 +111,7 @@ def build_service(args: argparse.Namespace):
             if not args.quiet:
                 print(f"attnlab serve: note: no chat template ({e}); "
                       "/v1/chat/completions is off", file=sys.stderr)
-        announce(args, loaded.path, device, "int4 weights, bf16" if args.int4 else precision)
+        announce(args, loaded.path, device, what)
         context = loaded.config.context or loaded.config.max_len
         engine = Engine(model, args.max_batch, compiled=compiled_step(args)).start()
         if engine.compiled is not None:
@@ -188,8 +186,7 @@ def add_commands(sub) -> None:
                        help="seconds a request may decode before it ends (finish 'length')")
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="on SIGTERM, seconds the requests in flight get to finish")
-    serve.add_argument("--int4", action="store_true",
-                       help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
+    add_integer_args(serve)
     add_compile_arg(serve, default=True)
     add_runtime_args(serve)
     serve.set_defaults(func=cmd_serve)

@@ -140,15 +140,17 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
 
 
 def for_decoding(model: nn.Module, device: torch.device | str | None = None,
-                 precision: str = "fp32", int4: bool = False, rows: int = 1) -> nn.Module:
+                 precision: str = "fp32", integer: bool = False, rows: int = 1) -> nn.Module:
     """``model`` ready to decode on ``device``: its weights cast to ``precision`` (decoding reads
     every weight once per token, so half the bytes is what makes it faster) and, in fp32 on a
     CPU decoding one sequence (``rows`` = 1), stored input-major (:func:`decoding_layout_`;
-    a batch of ``rows`` > 1 reads row-major faster). An ``int4`` model keeps its 4-bit
-    matrices and bf16 activations, and runs on the CPU only."""
-    if int4:
+    a batch of ``rows`` > 1 reads row-major faster). An ``integer`` model (``--int4``,
+    ``--int8``) keeps its integer matrices, their kernels' bf16 activations and the float
+    dtype ``quantize`` gave the rest, and runs on the CPU only."""
+    if integer:
         if device is not None and torch.device(device).type != "cpu":
-            raise BadInput(f"--int4 runs on the CPU only, not on {device}")
+            raise BadInput(f"integer weights (--int4, --int8) run on the CPU only, not on "
+                           f"{device}")
     else:
         from attnlab.hardware import DTYPES
 

@@ -91,7 +91,7 @@ class Int8Linear(_FixedDtypes):
     quantised per call, an int8 × int8 GEMM, float32 out).
     """
 
-    _DTYPES = {"scales": torch.float32, "bias": torch.float32}
+    _DTYPES = {"scales": torch.float32, "kernel_scales": _COMPUTE, "bias": torch.float32}
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  activations: str = "float", device: torch.device | str | None = None):
@@ -103,6 +103,9 @@ class Int8Linear(_FixedDtypes):
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8,
                                                     device=device))
         self.register_buffer("scales", torch.ones(out_features, device=device))
+        # the kernel's bf16 copy of the scales, a buffer of its own: a cast inside a compiled
+        # graph would hand inductor's lowering of the kernel an unrealised node (it fails)
+        self.register_buffer("kernel_scales", self.scales.to(_COMPUTE), persistent=False)
         self.bias = nn.Parameter(torch.zeros(out_features, device=device)) if bias else None
         self._packed = None  # the quantised engine's prepacked weight, made on first use
 
@@ -119,7 +122,7 @@ class Int8Linear(_FixedDtypes):
         layer = cls(w.shape[1], w.shape[0], linear.bias is not None, activations, w.device)
         scale = (w.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         layer.qweight = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
-        layer.scales = scale
+        layer.scales, layer.kernel_scales = scale, scale.to(_COMPUTE)
         if linear.bias is not None:
             layer.bias.data = linear.bias.detach().float().clone()
         return layer
@@ -132,6 +135,7 @@ class Int8Linear(_FixedDtypes):
     def _load_from_state_dict(self, *args, **kwargs):
         self._packed = None  # new weights: pack them again
         super()._load_from_state_dict(*args, **kwargs)
+        self.kernel_scales = self.scales.detach().to(_COMPUTE)
 
     def _prepacked(self):
         if self._packed is None:
@@ -152,7 +156,7 @@ class Int8Linear(_FixedDtypes):
         else:
             if x.shape[0] <= _KERNEL_ROWS:  # decoding: read the int8 matrix, not a float one
                 y = torch.ops.aten._weight_int8pack_mm(x.to(_COMPUTE).contiguous(),
-                                                       self.qweight, self.scales.to(_COMPUTE))
+                                                       self.qweight, self.kernel_scales)
             else:  # the kernel is slow on many rows; a float GEMM on Ŵ is fast there
                 dtype = float_dtype()
                 y = x.to(dtype) @ (self.qweight.to(dtype) * self.scales.to(dtype)[:, None]).t()

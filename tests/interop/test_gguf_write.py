@@ -112,6 +112,31 @@ def test_q4_1_file_runs_on_its_own_4_bit_codes(llama, tmp_path):
     assert bool((a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9)
 
 
+def test_q8_0_file_runs_on_8_bit_codes_per_channel(llama, tmp_path):
+    """--int8 on a Q8_0 file: PyTorch's int8 kernel takes one scale per output channel, so the
+    file's blocks (a scale per 32 weights) are re-quantised per channel from their values;
+    each weight moves by at most half its row's step (max|row| / 254) from what the file
+    holds, and the logits stay near the float model's."""
+    from attnlab.nn.quantized import Int8Linear
+    from attnlab.storage import load
+
+    model, tok = llama
+    path = save_gguf(model, tok, tmp_path / "m.gguf", "q8_0")
+    codes = load(path, int8=True).model
+    dequantised, _ = load_gguf(path)
+    layers = {n: m for n, m in codes.named_modules() if isinstance(m, Int8Linear)}
+    assert len(layers) == 7 * model.config.n_decoder_layers  # the output layer stays float
+    file_values = dequantised.state_dict()
+    for name, layer in layers.items():
+        w = file_values[f"{name}.weight"]
+        step = w.abs().amax(1, keepdim=True) / 127
+        assert bool(((layer.weight - w).abs() <= step / 2 * (1 + 1e-6)).all()), name
+    with torch.no_grad():
+        a, b = codes(_ids(tok)).float(), dequantised(_ids(tok))
+    assert (a - b).abs().max() <= 0.05 * b.abs().max()
+    assert bool((a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9)
+
+
 def test_export_command_then_generate_gives_the_same_text(llama, tmp_path, capsys):
     model, tok = llama
     folder = save_model_dir(tmp_path / "model", model, model.config, {"text": tok.to_dict()})

@@ -129,6 +129,31 @@ def test_int8_error_is_at_most_half_a_step_per_channel():
         assert err <= 2 ** -7 * (x.abs().double() @ layer.weight.abs().double().t()).max()
 
 
+def test_int8_runs_compiled_and_reloaded_with_the_same_numbers():
+    """The kernel's bf16 scales are a buffer of their own (inductor cannot lower the kernel on
+    a cast made inside the graph): they follow a state_dict into a fresh layer and survive a
+    cast of the model, and a compiled call gives the eager layer's numbers."""
+    lin = nn.Linear(128, 48)
+    lin.weight.data = _weights()
+    layer = Int8Linear.from_linear(lin)
+    again = Int8Linear(128, 48, bias=True)
+    again.load_state_dict(layer.state_dict())
+    again.to(torch.float64).to(torch.float32)
+    assert set(layer.state_dict()) == {"qweight", "scales", "bias"}
+    assert again.kernel_scales.dtype == torch.bfloat16
+    assert torch.equal(again.kernel_scales, layer.scales.to(torch.bfloat16))
+    x = torch.randn(1, 128)
+    want = layer(x)
+    assert torch.equal(again(x), want)
+    torch._dynamo.reset()
+    compiled = torch.compile(again, fullgraph=True, dynamic=False)
+    ref = x.double() @ layer.weight.double().t() + lin.bias.double()
+    bound = 2 ** -7 * (x.abs().double() @ layer.weight.abs().double().t()).max()
+    with torch.no_grad():
+        error = (compiled(x).double() - ref).abs().max()
+    assert error <= bound and error <= (want.double() - ref).abs().max()
+
+
 @pytest.mark.parametrize("bits, group", [(4, 32), (4, 64), (2, 32), (2, 128)])
 def test_group_wise_error_is_half_a_step_plus_bf16_rounding(bits, group):
     w = _weights()
