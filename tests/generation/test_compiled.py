@@ -181,23 +181,12 @@ def test_encoder_decoder_compiled_step_equals_the_eager_step_for_20_tokens(name,
     assert step.compiles == 1 and step.compile_seconds > 0
 
 
-@pytest.mark.parametrize("name", ["transformer", "t5"])
-def test_encoder_decoder_greedy_and_beam_with_the_compiled_step(name):
-    """Greedy and beam search (k = 4: the static cache's rows reordered in place every step)
-    give the eager search's tokens and scores; one graph per batch shape, none compiled again
-    after the first token (Dynamo's counters)."""
-    from torch._dynamo.utils import counters
-
+def searches_equal_eager(model: Transformer, src: torch.Tensor, step: CompiledStep):
+    """Greedy and beam search (k = 4) with ``step``: the eager search's tokens, and its logits
+    and scores within 1e-5; returns the beam search's tokens."""
     from attnlab.generation.beam import beam_search
     from attnlab.generation.translation import greedy_decode
 
-    torch._dynamo.reset()
-    counters.clear()
-    model = encoder_decoder(name)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(3)  # confident choices, a long way from ties
-    src = sources()
-    step = CompiledStep(backend="eager", function=encoder_decoder_token)
     want, want_logits = greedy_decode(model, src, max_len=24, return_logits=True)
     got, got_logits = greedy_decode(model, src, max_len=24, return_logits=True, compiled=step)
     assert torch.equal(got, want)
@@ -206,6 +195,26 @@ def test_encoder_decoder_greedy_and_beam_with_the_compiled_step(name):
     got, got_scores = beam_search(model, src, 4, max_len=24, return_scores=True, compiled=step)
     assert torch.equal(got, want)
     assert (got_scores - want_scores).abs().max() <= 1e-5
+    return want
+
+
+@pytest.mark.parametrize("name", ["transformer", "t5"])
+def test_encoder_decoder_greedy_and_beam_with_the_compiled_step(name):
+    """Greedy and beam search (k = 4: the static cache's rows reordered in place every step)
+    give the eager search's tokens and scores; one graph per batch shape, none compiled again
+    after the first token (Dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    from attnlab.generation.beam import beam_search
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = encoder_decoder(name)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3)  # confident choices, a long way from ties
+    src = sources()
+    step = CompiledStep(backend="eager", function=encoder_decoder_token)
+    want = searches_equal_eager(model, src, step)
     assert step.compiles == 2 and counters["stats"]["unique_graphs"] == 2  # batch 3 and 3 · 4
     # translate pads the source to a bucket when it compiles: the same search
     padded = torch.nn.functional.pad(src, (0, SOURCE_BUCKET - src.shape[1]))
@@ -263,8 +272,6 @@ def test_on_cuda_encoder_decoder_greedy_and_beam_run_as_cuda_graphs():
     place between replays) give the eager search's tokens and scores."""
     from torch._dynamo.utils import counters
 
-    from attnlab.generation.beam import beam_search
-    from attnlab.generation.translation import greedy_decode
 
     torch._dynamo.reset()
     counters.clear()
@@ -273,12 +280,5 @@ def test_on_cuda_encoder_decoder_greedy_and_beam_run_as_cuda_graphs():
         model.lm_head.weight.mul_(3)
     src = sources().cuda()
     step = CompiledStep(function=encoder_decoder_token)
-    want, want_logits = greedy_decode(model, src, max_len=24, return_logits=True)
-    got, got_logits = greedy_decode(model, src, max_len=24, return_logits=True, compiled=step)
-    assert torch.equal(got, want)
-    assert (got_logits.float() - want_logits.float()).abs().max() <= 1e-5
-    want, want_scores = beam_search(model, src, 4, max_len=24, return_scores=True)
-    got, got_scores = beam_search(model, src, 4, max_len=24, return_scores=True, compiled=step)
-    assert torch.equal(got, want)
-    assert (got_scores - want_scores).abs().max() <= 1e-5
+    searches_equal_eager(model, src, step)
     assert counters["inductor"]["cudagraph_skips"] == 0
