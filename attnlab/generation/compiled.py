@@ -116,20 +116,20 @@ class CompiledStep:
         self.compile_seconds = 0.0
         self.compiles = 0
         self._shapes: set[tuple] = set()
-        self._compiled: dict[str, object] = {}  # device type -> compiled function
+        self._compiled: dict[str, tuple] = {}  # device type -> (compiled function, graphs?)
         self._marked = lambda: None  # (a weak reference to) the cache last marked static
 
-    def _for(self, args: tuple):
-        """The compiled function for the device of ``args``: on CUDA, inductor's
-        "reduce-overhead" mode records the step as a CUDA graph, so a token costs one launch
-        instead of one per kernel (gpt-fast's recipe)."""
+    def _for(self, args: tuple) -> tuple:
+        """``(compiled function, whether it runs as CUDA graphs)`` for the device of ``args``:
+        on CUDA, inductor's "reduce-overhead" mode records the step as a CUDA graph, so a
+        token costs one launch instead of one per kernel (gpt-fast's recipe)."""
         device = next(a.device.type for a in args if isinstance(a, Tensor))
         if device not in self._compiled:
             graphs = device == "cuda" and self.backend == "inductor"
-            self._compiled[device] = torch.compile(
+            self._compiled[device] = (torch.compile(
                 self.function, backend=self.backend, dynamic=False, fullgraph=True,
-                mode="reduce-overhead" if graphs else None)
-        return self._compiled[device], device == "cuda" and self.backend == "inductor"
+                mode="reduce-overhead" if graphs else None), graphs)
+        return self._compiled[device]
 
     def _mark_static(self, args: tuple) -> None:
         """A CUDA graph replays fixed addresses: the caches' storage, which the step writes
@@ -148,26 +148,25 @@ class CompiledStep:
         function, graphs = self._for(args)
         if graphs:
             self._mark_static(args)
-            # each call is a new step: the previous step's output memory may be reused, so
-            # the logits are copied out of the graph's pool
-            torch.compiler.cudagraph_mark_step_begin()
+            torch.compiler.cudagraph_mark_step_begin()  # each call is a new step
         shape = _signature(model, args)
-        if shape in self._shapes:
-            logits = function(model, *args)
-            return logits.clone() if graphs else logits
-        # Each shape is a graph of its own (a server's row counts times capacity buckets):
-        # more than Dynamo's default of 8 a function. Its settings are per thread, and the
-        # thread that compiles (a server's engine) decides.
-        config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, 64)
-        begun = time.perf_counter()
+        new = shape not in self._shapes
+        if new:
+            # Each shape is a graph of its own (a server's row counts times capacity buckets):
+            # more than Dynamo's default of 8 a function. Its settings are per thread, and the
+            # thread that compiles (a server's engine) decides.
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, 64)
+            begun = time.perf_counter()
         logits = function(model, *args)
-        if graphs:
+        if graphs:  # the next step may reuse the graph's output memory: copy the logits out
             logits = logits.clone()
-            torch.cuda.synchronize()
-        self.compile_seconds += time.perf_counter() - begun
-        self.compiles += 1
-        self._shapes.add(shape)
+        if new:
+            if graphs:
+                torch.cuda.synchronize()
+            self.compile_seconds += time.perf_counter() - begun
+            self.compiles += 1
+            self._shapes.add(shape)
         return logits
 
 
