@@ -8,9 +8,10 @@ dequantised ``Ŵ`` never materialised:
 
       Ŵ[o, i] = s[o] · q[o, i],   q ∈ {−127, …, 127},   s[o] = max_i |W[o, i]| / 127
 
-  so ``|W − Ŵ| ≤ s[o] / 2``. PyTorch's ``_weight_int8pack_mm`` in bfloat16 for a few rows
-  (decoding; 3x slower with float32 input, even where bf16 is emulated), a GEMM on ``Ŵ`` in
-  :func:`float_dtype` for many; or, with ``activations="dynamic"``, in
+  so ``|W − Ŵ| ≤ s[o] / 2``. For a few rows (decoding) attnlab's own kernel
+  (:mod:`attnlab.nn.int_kernels`, float32 activations; PyTorch's ``_weight_int8pack_mm`` in
+  bfloat16 where it cannot be built), a GEMM on ``Ŵ`` in :func:`float_dtype` for many; or,
+  with ``activations="dynamic"``, in
   float32 through the quantised-engine GEMM
   ``quantized::linear_dynamic`` (fbgemm or oneDNN on x86, QNNPACK on ARM): each call
   quantises ``x`` to 8 bits with its own range and multiplies int8 by int8, which is where
@@ -24,16 +25,17 @@ dequantised ``Ŵ`` never materialised:
 
   with ``s = (max − min) / (2^bits − 1)`` and ``z = min + 8·s`` (the value of code 8) per
   group, both kept in bfloat16, so ``|W − Ŵ| ≤ s / 2`` plus their bf16 rounding,
-  ``2⁻⁸ · (|z| + 8·s)``. It runs in PyTorch's int4 CPU kernel, which unpacks each group on
-  the fly and computes in bfloat16 (it is slow in float32): a 4- or 2-bit model runs with
-  bf16 activations. PyTorch has no 2-bit kernel: 2-bit codes are stored at 2 bits on disk
-  and run through the 4-bit one (4 bits in memory), the same speed as int4.
+  ``2⁻⁸ · (|z| + 8·s)``. For a few rows attnlab's own kernel unpacks the codes on the fly
+  against ``x`` rounded to 8 bits per 32 inputs (:mod:`attnlab.nn.int_kernels` states the
+  bound); where it cannot be built, PyTorch's int4 kernel with bfloat16 activations. Many rows
+  (a prompt) run a GEMM on ``Ŵ`` in :func:`float_dtype`. 2-bit codes are stored at 2 bits on
+  disk and run through the 4-bit kernel (4 bits in memory), the same speed as int4.
 
-The kernels are PyTorch's CPU ones, so the layers run on the CPU and say so otherwise. On
-disk (``state_dict``) a layer is portable: ``qweight`` (int8 ``(out, in)``, or uint8 codes
-packed little-end first, ``8 / bits`` a byte, ``(out, in · bits / 8)``), ``scales`` and, for
-the group-wise codes, ``zeros``; the int4 kernel's own packing, which depends on the CPU, is
-made when the weights are loaded.
+The kernels are CPU ones, so the layers run on the CPU and say so otherwise. On disk
+(``state_dict``) a layer is portable: ``qweight`` (int8 ``(out, in)``, or uint8 codes packed
+little-end first, ``8 / bits`` a byte, ``(out, in · bits / 8)``), ``scales`` and, for the
+group-wise codes, ``zeros``. In memory the 4-bit codes stay in that packing (two a byte);
+PyTorch's int4 kernel's own, which depends on the CPU, is made only if that kernel runs.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ from torch import Tensor, nn
 
 from attnlab import hardware
 from attnlab.errors import BadInput
+from attnlab.nn import int_kernels
 
 _COMPUTE = torch.bfloat16  # the kernels' activations (and the int4 kernel's scales and zeros)
-# Up to this many rows (tokens) the weight-only int8 kernel runs; it reads the int8 matrix and
-# beats bf16 3.5x on one row, but falls 3x behind a bf16 GEMM on 4096 (MiniLM's batch of 32)
+# Up to this many rows (tokens) the integer kernels run, reading the codes once for all rows;
+# their work grows with the rows, and beyond them a GEMM on the dequantised Ŵ is faster
 _KERNEL_ROWS = 32
 BITS = (8, 4, 2)
 
@@ -100,6 +103,7 @@ class Int8Linear(_FixedDtypes):
             raise BadInput(f"activations must be 'float' or 'dynamic', got {activations!r}")
         self.in_features, self.out_features = in_features, out_features
         self.activations = activations
+        int_kernels.available()  # built (or found wanting) now, not inside a compiled graph
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8,
                                                     device=device))
         self.register_buffer("scales", torch.ones(out_features, device=device))
@@ -154,7 +158,10 @@ class Int8Linear(_FixedDtypes):
             y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self._prepacked(),
                                                    self.reduce_range)
         else:
-            if x.shape[0] <= _KERNEL_ROWS:  # decoding: read the int8 matrix, not a float one
+            if x.shape[0] <= _KERNEL_ROWS and int_kernels.available():  # decoding
+                y = torch.ops.attnlab.int8_matmul(x.float().contiguous(), self.qweight,
+                                                  self.scales[:, None], self.in_features)
+            elif x.shape[0] <= _KERNEL_ROWS:  # read the int8 matrix, not a float one
                 y = torch.ops.aten._weight_int8pack_mm(x.to(_COMPUTE).contiguous(),
                                                        self.qweight, self.kernel_scales)
             else:  # the kernel is slow on many rows; a float GEMM on Ŵ is fast there
@@ -191,14 +198,15 @@ def unpack_codes(packed: Tensor, bits: int) -> Tensor:
 
 class Int4Linear(_FixedDtypes):
     """``y = x · Ŵᵀ (+ b)`` with ``Ŵ`` held as group-wise 4- or 2-bit codes (module
-    docstring); shapes ``x (..., in_features) -> (..., out_features)``, computed in bfloat16
-    and returned in ``x``'s dtype.
+    docstring); shapes ``x (..., in_features) -> (..., out_features)``, returned in ``x``'s
+    dtype.
 
     Build one with :meth:`from_codes` (codes taken as they are, e.g. from a GGUF file) or
     :meth:`from_linear` (quantise a float layer).
     """
 
-    _DTYPES = {"scale_and_zero": _COMPUTE, "bias": _COMPUTE}
+    _DTYPES = {"scales": _COMPUTE, "zeros": _COMPUTE, "kernel_scales": torch.float16,
+               "kernel_offsets": torch.float16, "bias": torch.float32}
 
     def __init__(self, in_features: int, out_features: int, group_size: int = 32,
                  bias: bool = False, bits: int = 4, device: torch.device | str | None = None):
@@ -211,14 +219,21 @@ class Int4Linear(_FixedDtypes):
                            "(the packed kernel's tiles)")
         self.in_features, self.out_features = in_features, out_features
         self.group_size, self.bits = group_size, bits
-        # the kernel's packing of the codes, and (in / g, out, 2): [scale, zero] as it reads
-        # them, zero being the value of code 8 (the kernel reads a code c as c − 8)
-        self.register_buffer("codes", torch.zeros(out_features, in_features // 2,
-                                                  dtype=torch.uint8, device=device))
-        self.register_buffer("scale_and_zero", torch.zeros(
-            in_features // group_size, out_features, 2, dtype=_COMPUTE, device=device))
-        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=_COMPUTE, device=device))
-                     if bias else None)
+        int_kernels.available()  # built (or found wanting) now, not inside a compiled graph
+        groups = (out_features, in_features // group_size)
+        # the codes two a byte (pack_codes at 4 bits); scale s and zero z (the value of code
+        # 8) per group, in bf16 as they are saved; the kernel's s and b = z − 8s in float16
+        # (Q4_1's 4 bytes a group: they are read with the codes at every token)
+        self.register_buffer("qweight", torch.zeros(out_features, in_features // 2,
+                                                    dtype=torch.uint8, device=device))
+        self.register_buffer("scales", torch.zeros(groups, dtype=_COMPUTE, device=device))
+        self.register_buffer("zeros", torch.zeros(groups, dtype=_COMPUTE, device=device))
+        self.register_buffer("kernel_scales", torch.zeros(groups, dtype=torch.float16,
+                                                          device=device), persistent=False)
+        self.register_buffer("kernel_offsets", torch.zeros(groups, dtype=torch.float16,
+                                                           device=device), persistent=False)
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device)) if bias else None
+        self._pytorch = None  # PyTorch's int4 kernel's packing, made if that kernel runs
 
     @classmethod
     def from_codes(cls, codes: Tensor, scale: Tensor, minimum: Tensor,
@@ -230,7 +245,7 @@ class Int4Linear(_FixedDtypes):
                     bias is not None, bits)
         layer._set(codes, scale.float(), minimum.float() + 8 * scale.float())
         if bias is not None:
-            layer.bias.data = bias.to(_COMPUTE)
+            layer.bias.data = bias.float()
         return layer
 
     @classmethod
@@ -249,48 +264,64 @@ class Int4Linear(_FixedDtypes):
             0, 2 ** bits - 1)
         layer._set(codes.view(out_features, in_features), scale, zero)
         if linear.bias is not None:
-            layer.bias.data = linear.bias.detach().to(_COMPUTE)
+            layer.bias.data = linear.bias.detach().float().clone()
         return layer
 
     def _set(self, codes: Tensor, scale: Tensor, zero: Tensor) -> None:
-        """Codes ``(out, in)``, scale and zero ``(out, in / g)`` into the kernel's layout."""
-        self.codes = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            codes.to(torch.int32).contiguous(), 1)
-        self.scale_and_zero = torch.stack([scale, zero], -1).transpose(0, 1).to(
-            _COMPUTE).contiguous()
+        """Codes ``(out, in)``, scale and zero ``(out, in / g)``."""
+        self.qweight = pack_codes(codes, 4)
+        self.scales, self.zeros = scale.to(_COMPUTE), zero.to(_COMPUTE)
+        self._kernel_values()
 
-    def _int4_matmul(self, x: Tensor, scale_and_zero: Tensor | None = None) -> Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x, self.codes, self.group_size,
-            self.scale_and_zero if scale_and_zero is None else scale_and_zero)
+    def _kernel_values(self) -> None:
+        self.kernel_scales = self.scales.to(torch.float16)
+        self.kernel_offsets = (self.zeros.float() - 8 * self.scales.float()).to(torch.float16)
+        self._pytorch = None
 
     @property
     def weight(self) -> Tensor:
-        """The dequantised ``Ŵ (out, in)`` in bfloat16 (what the kernel multiplies by)."""
-        eye = torch.eye(self.in_features, dtype=_COMPUTE, device=self.codes.device)
-        return self._int4_matmul(eye).t()
+        """The dequantised ``Ŵ = s · c + b`` ``(out, in)`` in float32, with the kernel's
+        float16 ``s`` and ``b = z − 8s``."""
+        codes = self.plain_codes().float().view(self.out_features, -1, self.group_size)
+        w = codes * self.kernel_scales.float()[..., None] + self.kernel_offsets.float()[..., None]
+        return w.view(self.out_features, self.in_features)
 
     def plain_codes(self) -> Tensor:
-        """The codes ``c (out, in)``, read back through the kernel itself: with scale 1 and
-        zero 8 it returns ``c − 8 + 8``, exact in bfloat16 for ``c < 16``."""
-        eye = torch.eye(self.in_features, dtype=_COMPUTE)
-        unit = torch.zeros_like(self.scale_and_zero)
-        unit[..., 0], unit[..., 1] = 1, 8
-        return self._int4_matmul(eye, unit).t().round().to(torch.int32)
+        """The codes ``c (out, in)``, int32."""
+        return unpack_codes(self.qweight, 4)
 
-    # on disk: portable codes (module docstring), never the CPU-specific packing
+    def _pytorch_matmul(self, x: Tensor) -> Tensor:
+        """PyTorch's int4 kernel (bf16 activations), where attnlab's cannot run."""
+        if self._pytorch is None:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.plain_codes(), 1)
+            self._pytorch = packed, torch.stack([self.scales, self.zeros], -1).transpose(
+                0, 1).contiguous()
+        packed, scale_and_zero = self._pytorch
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(_COMPUTE).contiguous(), packed, self.group_size, scale_and_zero)
+
+    def _matmul(self, x: Tensor) -> Tensor:
+        """``x (rows, in) · Ŵᵀ`` without the bias, by the fastest route for ``rows``."""
+        if x.shape[0] > _KERNEL_ROWS:  # a prompt: one float GEMM
+            dtype = float_dtype()
+            return x.to(dtype) @ self.weight.to(dtype).t()
+        if int_kernels.available() and self.group_size % 32 == 0:
+            return torch.ops.attnlab.int4_matmul(x.float().contiguous(), self.qweight,
+                                                 self.kernel_scales, self.kernel_offsets,
+                                                 self.group_size)
+        return self._pytorch_matmul(x)
+
+    # on disk: the codes at their own width (module docstring)
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         shape = (self.out_features, self.in_features * self.bits // 8)
-        groups = (self.out_features, self.in_features // self.group_size)
-        if self.codes.is_meta:  # a skeleton: shapes only
+        if self.qweight.is_meta:  # a skeleton: shapes only
             destination[prefix + "qweight"] = torch.empty(shape, dtype=torch.uint8,
                                                           device="meta")
-            destination[prefix + "scales"] = torch.empty(groups, dtype=_COMPUTE, device="meta")
-            destination[prefix + "zeros"] = torch.empty(groups, dtype=_COMPUTE, device="meta")
         else:
-            destination[prefix + "qweight"] = pack_codes(self.plain_codes(), self.bits)
-            destination[prefix + "scales"] = self.scale_and_zero[..., 0].t().contiguous()
-            destination[prefix + "zeros"] = self.scale_and_zero[..., 1].t().contiguous()
+            destination[prefix + "qweight"] = (self.qweight if self.bits == 4 else
+                                               pack_codes(self.plain_codes(), self.bits))
+        destination[prefix + "scales"] = self.scales
+        destination[prefix + "zeros"] = self.zeros
         if self.bias is not None:
             destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
 
@@ -311,15 +342,15 @@ class Int4Linear(_FixedDtypes):
         self._set(unpack_codes(found["qweight"].to(torch.uint8), self.bits),
                   found["scales"].float(), found["zeros"].float())
         if self.bias is not None:
-            self.bias.data = found["bias"].to(_COMPUTE)
+            self.bias.data = found["bias"].float()
 
     def forward(self, x: Tensor) -> Tensor:
         _on_cpu(self, x)
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(_COMPUTE).contiguous()
-        y = _Int4MatMul.apply(x2, self) if x2.requires_grad else self._int4_matmul(x2)
+        x2 = x.reshape(-1, self.in_features)
+        y = _Int4MatMul.apply(x2, self) if x2.requires_grad else self._matmul(x2)
         if self.bias is not None:
-            y = y + self.bias
+            y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -335,12 +366,12 @@ class _Int4MatMul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, layer: Int4Linear) -> Tensor:
-        ctx.layer = layer
-        return layer._int4_matmul(x)
+        ctx.layer, ctx.dtype = layer, x.dtype
+        return layer._matmul(x)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return grad.to(_COMPUTE) @ ctx.layer.weight, None
+        return (grad.float() @ ctx.layer.weight).to(ctx.dtype), None
 
 
 def quantize(model: nn.Module, bits: int = 4, group_size: int = 32,

@@ -1,0 +1,106 @@
+"""attnlab's integer kernels (attnlab/nn/int_kernels.cpp) against float64 references of the
+algorithm nn/int_kernels.py states, and their place in a compiled graph."""
+
+import pytest
+import torch
+
+from attnlab.nn import int_kernels
+
+pytestmark = pytest.mark.skipif(not int_kernels.available(),
+                                reason="attnlab's integer kernels could not be built here")
+
+
+def _int8_case(rows, out_features, in_features, group, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=g)
+    codes = torch.randint(-127, 128, (out_features, in_features), generator=g, dtype=torch.int8)
+    scales = torch.rand(out_features, in_features // group, generator=g) * 0.01 + 1e-4
+    w = codes.double() * scales.double().repeat_interleave(group, 1)
+    return x, codes, scales, w
+
+
+@pytest.mark.parametrize("rows, group", [(1, 96), (3, 32), (2, 64), (5, 192)])
+def test_int8_is_x_times_the_dequantised_matrix_in_float32(rows, group):
+    """Float32 activations: only the order of the sums differs from x · Ŵᵀ."""
+    x, codes, scales, w = _int8_case(rows, 40, 192, group)
+    y = torch.ops.attnlab.int8_matmul(x, codes, scales, group)
+    ref = x.double() @ w.t()
+    magnitude = x.abs().double() @ w.abs().t()
+    assert y.dtype == torch.float32 and y.shape == (rows, 40)
+    assert ((y.double() - ref).abs() <= 2 ** -20 * magnitude).all()
+
+
+def _int4_case(rows, out_features, in_features, group, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=g) * torch.logspace(-2, 1, in_features)
+    x[0, :32] = 0  # an all-zero chunk: s_x = 0, no division by it
+    codes = torch.randint(0, 16, (out_features, in_features), generator=g)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)  # by hand: low first
+    scales = (torch.rand(out_features, in_features // group, generator=g) * 0.02 + 1e-3).half()
+    offsets = (-torch.rand(out_features, in_features // group, generator=g) * 0.2).half()
+    return x, codes, packed, scales, offsets
+
+
+def _expand(t, group):
+    return t.double().repeat_interleave(group, 1)
+
+
+@pytest.mark.parametrize("rows, group", [(1, 32), (3, 32), (2, 64), (4, 128)])
+def test_int4_meets_x_rounded_to_16_bits_per_32_inputs(rows, group):
+    x, codes, packed, scales, offsets = _int4_case(rows, 48, 256, group)
+    y = torch.ops.attnlab.int4_matmul(x, packed, scales, offsets, group)
+    assert y.dtype == torch.float32 and y.shape == (rows, 48)
+    assert not y.isnan().any()
+    sc = codes.double() * _expand(scales, group)  # s · c
+    w = sc + _expand(offsets, group)  # Ŵ
+    # the algorithm in float64: x̂ = s_x · round(x / s_x) per 32 inputs, s_x = max |x| / 32767
+    chunks = x.view(rows, -1, 32)
+    top = chunks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(top > 0, 32767 / top, torch.zeros_like(top))
+    x_hat = ((chunks * inverse).round() * (top / 32767)).view(rows, -1).double()
+    algorithm = x_hat @ sc.t() + x.double() @ (w - sc).t()
+    magnitude = x.abs().double() @ w.abs().t()
+    assert ((y.double() - algorithm).abs() <= 2 ** -18 * magnitude).all()
+    # and the bound it promises against the exact x · Ŵᵀ, reached in part (not loose)
+    exact = x.double() @ w.t()
+    bound = 0.5 * (top / 32767).double().expand(-1, -1, 32).reshape(rows, -1) @ sc.abs().t()
+    error = (y.double() - exact).abs()
+    assert (error <= bound + 2 ** -18 * magnitude).all()
+    assert (error / bound).max() > 0.05
+
+
+def test_the_kernels_run_inside_a_compiled_graph_with_the_eager_numbers():
+    x, codes8, scales8, _ = _int8_case(2, 48, 256, 32)
+    _, _, packed, scales4, offsets = _int4_case(2, 48, 256, 32)
+
+    def step(x):
+        h = torch.ops.attnlab.int4_matmul(torch.tanh(x), packed, scales4, offsets, 32)
+        return torch.ops.attnlab.int8_matmul(x, codes8, scales8, 32) + h.relu()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(x), step(x))
+
+
+def test_bad_operands_are_refused_with_the_kernels_name():
+    x, codes, scales, _ = _int8_case(1, 16, 64, 32)
+    with pytest.raises(RuntimeError, match="attnlab integer kernel: x must be"):
+        torch.ops.attnlab.int8_matmul(x.double(), codes, scales, 32)
+    with pytest.raises(RuntimeError, match="group must divide"):
+        torch.ops.attnlab.int8_matmul(x, codes, scales, 24)
+    with pytest.raises(RuntimeError, match="scales must be float32"):
+        torch.ops.attnlab.int8_matmul(x, codes, scales[:, :1], 32)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.attnlab.int4_matmul(torch.randn(1, 64), torch.zeros(16, 32, dtype=torch.uint8),
+                                      torch.ones(16, 4).half(), torch.ones(16, 4).half(), 16)
+    with pytest.raises(RuntimeError, match="scales must be float16"):
+        torch.ops.attnlab.int4_matmul(torch.randn(1, 64), torch.zeros(16, 32, dtype=torch.uint8),
+                                      torch.ones(16, 2), torch.ones(16, 2), 32)
+
+
+def test_the_build_follows_the_cpu_capability_and_torchs_own_openmp():
+    cflags, ldflags = int_kernels._flags()
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert ("-mavx2" in cflags) == (capability in ("AVX2", "AVX512"))
+    if "-fopenmp" in cflags:  # linked by path to the runtime this process already runs
+        assert len(ldflags) == 1 and ldflags[0] in open("/proc/self/maps").read()
