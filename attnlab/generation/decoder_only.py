@@ -145,17 +145,32 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
     every weight once per token, so half the bytes is what makes it faster) and, in fp32 on a
     CPU decoding one sequence (``rows`` = 1), stored input-major (:func:`decoding_layout_`;
     a batch of ``rows`` > 1 reads row-major faster). An ``integer`` model (``--int4``,
-    ``--int8``) keeps its integer matrices, their kernels' bf16 activations and the float
-    dtype ``quantize`` gave the rest, and runs on the CPU only."""
+    ``--int8``) keeps its integer matrices and the float dtype ``quantize`` gave the rest, runs
+    on the CPU only, and gets an int8 output layer (:func:`integer_head`)."""
     if integer:
         if device is not None and torch.device(device).type != "cpu":
             raise BadInput(f"integer weights (--int4, --int8) run on the CPU only, not on "
                            f"{device}")
+        integer_head(model)
     else:
         from attnlab.hardware import DTYPES
 
         model = model.to(device=device, dtype=DTYPES[precision])
     return decoding_layout_(model, rows)
+
+def integer_head(model: nn.Module) -> None:
+    """The output layer ``lm_head`` as int8 codes with one scale per row (the embedding,
+    often tied to it, stays float: a lookup reads one row). For SmolLM2 the head is 113 MB
+    in float32, the largest matrix a token reads, and 28 MB in int8; measured in
+    docs/benchmarks.md (speed, and nats per token). Only where attnlab's int8 kernel runs:
+    its float32 activations keep the logits' order, which PyTorch's bf16 kernel did not."""
+    from attnlab.nn import int_kernels
+    from attnlab.nn.quantized import Int8Linear
+
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, nn.Linear) and int_kernels.available():
+        model.lm_head = Int8Linear.from_linear(head)
+
 
 # --- text, streamed ----------------------------------------------------------------------------
 # Decoding yields token ids; a client wants text. Two things make the newest text provisional:
