@@ -102,16 +102,17 @@ class Loaded:
 def load(spec: str | os.PathLike, int4: bool = False,
          adapter: str | os.PathLike | None = None, int8: bool = False) -> Loaded:
     """Resolve ``spec`` (see the module docstring) into a :class:`Loaded`, on the CPU in
-    float32 (``int4``: 4-bit weight matrices with bf16 activations; a GGUF file keeps its own
-    Q4_1 codes, other models are quantised; ``int8``: 8-bit matrices with one scale per output
-    channel, PyTorch's int8 kernel taking per-channel scales only, so a GGUF's Q8_0 blocks,
-    a scale per 32 weights, are re-quantised per channel from their values: each weight moves
-    by at most half its row's step, ``max|row| / 254``). ``adapter``: a peft-format adapter
-    folder added onto the model (attnlab's or peft's). LoRA updates are folded into float
-    weights for inference, so the model runs at the plain model's speed; over integer weights
-    (``int4``, ``int8``: quantised before the adapter is added) the LoRA path stays beside the
-    codes, as a QLoRA run trained it: folding an update smaller than a quantisation step and
-    quantising again would lose most of it. Bottleneck adapters stay as layers."""
+    float32 (``int4``: 4-bit weight matrices, :class:`~attnlab.nn.quantized.Int4Linear`; a
+    GGUF file keeps its own Q4_1 codes, other models are quantised; ``int8``: 8-bit matrices
+    with one scale per output channel, the only scales PyTorch's fallback int8 kernel takes,
+    so a GGUF's Q8_0 blocks, a scale per 32 weights, are re-quantised per channel from their
+    values: each weight moves by at most half its row's step, ``max|row| / 254``).
+    ``adapter``: a peft-format adapter folder added onto the model (attnlab's or peft's). LoRA
+    updates are folded into float weights for inference, so the model runs at the plain model's
+    speed; over integer weights (``int4``, ``int8``: quantised before the adapter is added) the
+    LoRA path stays beside the codes, as a QLoRA run trained it: folding an update smaller than
+    a quantisation step and quantising again would lose most of it. Bottleneck adapters stay as
+    layers."""
     path = ALIASES[str(spec)]() if str(spec) in ALIASES else Path(spec)
     if not path.exists():
         raise MissingFile(f"model not found: {path}")

@@ -71,14 +71,13 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
         ticks = []
         out = generate(model, prompt, new, on_token=lambda _: ticks.append(time.perf_counter()),
                        compiled=compiled)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    weights += sum(b.numel() * b.element_size() for b in model.buffers())
+    weights = _bytes_read(model)
     kv_dtype = float_dtype() if int4 or int8 else torch.float32
     return dict(prompt=prompt[0].tolist(), ids=out[0, prompt.shape[1]:].tolist(),
                 prefill_tps=prefill / prefill_s, decode_tps=(new - 1) / (ticks[-1] - ticks[0]),
                 weight_bytes=weights, kv_bytes=_kv_bytes(model.config, kv_dtype.itemsize),
-                precision=("int4 codes, bf16 activations" if int4 else
-                           "int8 per channel, bf16 activations" if int8 else precision)
+                precision=("int4 codes, 16-bit activations, int8 head" if int4 else
+                           "int8 per channel, fp32 activations, int8 head" if int8 else precision)
                 + (f", compiled ({compiled.compile_seconds:.0f} s)" if compile else ""))
 
 
@@ -114,6 +113,37 @@ def llamacpp_worker(path: str, kind: str, threads: int, new: int, prefill: int) 
     return dict(prompt=list(prompt), ids=ids, prefill_tps=prefill / prefill_s,
                 decode_tps=(new - 1) / (ticks[-1] - ticks[0]), weight_bytes=weights,
                 kv_bytes=_kv_bytes_gguf(reader, 2), precision=kind)
+
+
+def _bytes_read(model) -> int:
+    """The weight bytes one decoded token reads: each integer layer's codes and the scales its
+    kernel reads (not the copies kept for saving or for PyTorch's fallback kernels), every
+    float tensor but an embedding that only looks rows up (an output layer tied to it reads
+    it all, and then it is counted through that layer)."""
+    from torch import nn
+
+    from attnlab.nn.embeddings import TokenEmbedding
+    from attnlab.nn.quantized import Int4Linear, Int8Linear
+
+    read = {Int4Linear: ("qweight", "kernel_scales", "kernel_offsets", "bias"),
+            Int8Linear: ("qweight", "scales", "bias")}
+    head = getattr(model, "lm_head", None)
+    tied = {id(head.weight)} if isinstance(head, nn.Linear) else set()
+    seen, total = set(), 0
+    for module in model.modules():
+        if type(module) in read:
+            tensors = [getattr(module, n) for n in read[type(module)]]
+        elif isinstance(module, (nn.Embedding, TokenEmbedding)) and id(module.weight) not in tied:
+            tensors = []
+        elif not list(module.children()):
+            tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+        else:
+            continue
+        for t in tensors:
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+    return total
 
 
 def _kv_bytes(config, itemsize: int) -> int:

@@ -11,7 +11,8 @@ read; attention: the KV cache; not counted for other ops) and the rate that make
 time). The bandwidth line is this machine's matrix-vector rate, as ``benchmarks/llamacpp.py``
 measures it.
 
-    .venv/bin/python benchmarks/profile_decode.py --precision fp32|int4 [--compile] [--tokens 32]
+    .venv/bin/python benchmarks/profile_decode.py --precision fp32|int4|int8 [--compile]
+        [--tokens 32] [--capacity 512]
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# inputs that are not activations: (x, packed uint8 codes, group size, bf16 scales and zeros)
-ITEMSIZE = {"int4": (None, 1, None, 2), "_weight_int8pack_mm": (None, 1, None)}
+# the itemsize of each input of the integer kernels, in order (None: the activations')
+ITEMSIZE = {"attnlab::int4_matmul": (4, 1, 2, 2),  # x, codes two a byte, f16 scales, offsets
+            "attnlab::int8_matmul": (4, 1, 4),  # x, int8 codes, float32 scales
+            "int4": (None, 1, None, 2),  # PyTorch's: x, codes, group size, bf16 scales+zeros
+            "_weight_int8pack_mm": (None, 1, None)}
 
 
-READS_ITS_INPUTS = ("linear", "mm", "addmm", "_weight_int", "int4", "scaled_dot_product",
-                    "_flash_")
+READS_ITS_INPUTS = ("linear", "mm", "addmm", "_weight_int", "int4", "int8_matmul",
+                    "scaled_dot_product", "_flash_")
 
 
 def input_bytes(name: str, shapes: list, itemsize: int) -> int:
@@ -63,9 +67,11 @@ def group(name: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--precision", choices=["fp32", "int4"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "int4", "int8"], default="fp32")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--capacity", type=int, default=None,
+                   help="the static cache's slots (default: the bucket the tokens need)")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -80,9 +86,9 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from llamacpp import bandwidth
 
-    int4 = args.precision == "int4"
-    loaded = attnlab.load(str(smollm2_path()), int4=int4)
-    model = for_decoding(loaded.model, "cpu", "bf16" if int4 else "fp32", int4)
+    int4, int8 = args.precision == "int4", args.precision == "int8"
+    loaded = attnlab.load(str(smollm2_path()), int4=int4, int8=int8)
+    model = for_decoding(loaded.model, "cpu", "bf16" if int4 or int8 else "fp32", int4 or int8)
     prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")])
     warm, n = 3, args.tokens
     with torch.no_grad():
@@ -90,8 +96,8 @@ def main() -> None:
         token = model(prompt, cache=cache)[:, -1:].argmax(-1)  # the prompt, not profiled
         if args.compile:
             static = StaticDecoding(CompiledStep(), cache, None, prompt.shape[1],
-                                    capacity_for(prompt.shape[1] + warm + n,
-                                                 model.config.context))
+                                    args.capacity or capacity_for(prompt.shape[1] + warm + n,
+                                                                  model.config.context))
 
             def step(t):
                 return static(model, t)
@@ -107,7 +113,7 @@ def main() -> None:
             for _ in range(n):
                 token = step(token).argmax(-1, keepdim=True)
             seconds = time.perf_counter() - begun
-    itemsize = (float_dtype() if int4 else torch.float32).itemsize  # around the int4 kernels
+    itemsize = (float_dtype() if int4 or int8 else torch.float32).itemsize  # around them
     table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
     inside = 0.0  # the time of the ops inside compiled regions
     for event in prof.events():

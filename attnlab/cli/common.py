@@ -315,12 +315,13 @@ def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int, compile: 
 
 
 def add_integer_args(p: argparse.ArgumentParser) -> None:
-    """``--int4`` / ``--int8``: integer weight matrices, run by PyTorch's CPU kernels."""
+    """``--int4`` / ``--int8``: integer weight matrices on attnlab's CPU kernels
+    (nn/int_kernels.py), PyTorch's where those cannot be built."""
     p.add_argument("--int4", action="store_true",
-                   help="4-bit weights, bf16 activations (a GGUF keeps its own Q4_1 codes)")
+                   help="4-bit weights (a GGUF keeps its own Q4_1 codes), an int8 output layer")
     p.add_argument("--int8", action="store_true",
-                   help="8-bit weights, one scale per output channel, bf16 activations in the "
-                        "kernel (a GGUF's Q8_0 blocks are re-quantised per channel)")
+                   help="8-bit weights, one scale per output channel (a GGUF's Q8_0 blocks are "
+                        "re-quantised per channel), an int8 output layer")
 
 
 def integer_bits(args: argparse.Namespace) -> int | None:
@@ -353,15 +354,22 @@ def compiled_step(args: argparse.Namespace, encoder_decoder: bool = False):
 
 def decoding_runtime(args: argparse.Namespace) -> tuple[torch.device, str, str]:
     """``(device, precision, what announce says)`` of a decoding command: :func:`runtime`,
-    except that ``--int4``/``--int8`` run on the CPU (PyTorch's integer kernels are CPU ones),
-    their kernels in bf16."""
+    except that ``--int4``/``--int8`` run on the CPU (the integer kernels are CPU ones)."""
     bits = integer_bits(args)
     if bits:
         if args.precision not in (None, "auto", "bf16"):
             raise UsageError(f"--int{bits} computes in bf16; drop --precision {args.precision}")
         args.device = "cpu" if args.device == "auto" else args.device
     device, precision = runtime(args)
-    return device, precision, f"int{bits} weights, bf16" if bits else precision
+    return device, precision, integer_label(bits) if bits else precision
+
+
+def integer_label(bits: int) -> str:
+    """What ``announce`` says of an integer model: its weights and the float dtype around
+    them (bfloat16 where the CPU runs it natively, else float32)."""
+    from attnlab.nn.quantized import float_dtype
+
+    return f"int{bits} weights, {str(float_dtype()).removeprefix('torch.')} elsewhere"
 
 
 def check_decoding_args(args: argparse.Namespace, ids: torch.Tensor) -> None:

@@ -73,9 +73,10 @@ def cmd_quantize(args: argparse.Namespace) -> None:
             2: f"int2 in groups of {args.group}"}[args.bits]
     kernel = ("; activations int8 per call, PyTorch's quantized::linear_dynamic on its "
               f"'{_engine()}' engine" if args.activations == "dynamic" else
-              "; PyTorch's _weight_int8pack_mm for a few rows, a "
+              "; attnlab's int8 kernel for a few rows, a "
               f"{str(float_dtype()).removeprefix('torch.')} GEMM for many"
-              if args.bits == 8 else "; PyTorch's int4 CPU kernel (_weight_int4pack_mm)")
+              if args.bits == 8 else "; attnlab's int4 kernel for a few rows, a "
+              f"{str(float_dtype()).removeprefix('torch.')} GEMM for many")
     print(f"quantised {len(spec['modules'])} linear layers to {what}{kernel}")
     for name in kept:
         layer = linears[name]
@@ -86,7 +87,7 @@ def cmd_quantize(args: argparse.Namespace) -> None:
             why = f"{layer.out_features} outputs; the int4 kernel tiles 16 rows"
         print(f"kept in float: {name} ({why})")
     if args.bits == 2:
-        print("note: PyTorch has no 2-bit kernel: the codes are stored at 2 bits and run "
+        print("note: there is no 2-bit kernel: the codes are stored at 2 bits and run "
               "through the 4-bit one (4 bits in memory, int4's speed)")
     rest = ("float32 (the dynamic int8 GEMM's input)" if args.activations == "dynamic"
             else f"bfloat16, run in {str(float_dtype()).removeprefix('torch.')} on this CPU")

@@ -34,6 +34,7 @@ from attnlab.cli.common import (
     compiled_step,
     decoding_runtime,
     integer_bits,
+    integer_label,
     load_for,
     read_text_file,
     runtime,
@@ -201,7 +202,7 @@ def cmd_evaluate_lm(args: argparse.Namespace) -> None:
     if len(ids) < 2:
         raise UsageError(f"{args.text}: {len(ids)} token(s); perplexity needs at least 2")
     bits = integer_bits(args)
-    announce(args, loaded.path, device, f"int{bits} weights, bf16" if bits else precision)
+    announce(args, loaded.path, device, integer_label(bits) if bits else precision)
     precise = contextlib.nullcontext() if bits else hardware.autocast(device, precision)
     start = time.perf_counter()
     with precise:
@@ -230,7 +231,7 @@ def cmd_evaluate_choice(args: argparse.Namespace) -> None:
     loaded, device, precision = _decoder(args)
     requests = _requests(args, loaded, examples, demos)
     bits = integer_bits(args)
-    announce(args, loaded.path, device, f"int{bits} weights, bf16" if bits else precision)
+    announce(args, loaded.path, device, integer_label(bits) if bits else precision)
     precise = contextlib.nullcontext() if bits else hardware.autocast(device, precision)
     start = time.perf_counter()
     # batched longest first, as lm-evaluation-harness orders its requests: questions of

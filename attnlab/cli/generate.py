@@ -191,7 +191,7 @@ def add_commands(sub) -> None:
                        help="a smaller model with the same tokenizer guesses the next tokens "
                             "(anything --model takes)")
     guess.add_argument("--draft-int4", action="store_true",
-                       help="the draft model in 4-bit weights, bf16 activations (CPU)")
+                       help="the draft model in 4-bit weights (CPU)")
     guess.add_argument("--prompt-lookup", action="store_true",
                        help="guess by copying what followed the last tokens earlier in the "
                             "prompt or the output (summaries, edits, code)")

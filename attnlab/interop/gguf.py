@@ -2,7 +2,7 @@
 tokenizer stored in the file's metadata. Needs the ``gguf`` package.
 
 With ``quantized=True`` the Q4_1 matrices keep their 4-bit codes and run in
-:class:`attnlab.nn.quantized.Int4Linear` (bf16 activations): the same numbers the file holds,
+:class:`attnlab.nn.quantized.Int4Linear`: the same numbers the file holds,
 a seventh of the bytes to read per generated token.
 
 llama.cpp's converter reorders the rows of W_Q and W_K from the "rotate half" RoPE layout

@@ -74,7 +74,7 @@ def test_q4_1_codes_reproduce_the_files_dequantised_weights():
 
 
 def test_int4_model_keeps_the_files_codes_and_the_same_greedy_text(models):
-    """quantized=True runs the Q4_1 matrices as 4-bit codes with bf16 activations: each layer's
+    """quantized=True runs the Q4_1 matrices as 4-bit codes: each layer's
     weight equals the float model's (up to bf16 rounding of scale and zero), and its greedy
     choices are the float model's wherever the float model is sure of them."""
     from attnlab.interop.gguf import load_gguf
