@@ -2,8 +2,8 @@
 tokenizer stored in the file's metadata. Needs the ``gguf`` package.
 
 With ``quantized=True`` the Q4_1 matrices keep their 4-bit codes and run in
-:class:`attnlab.nn.quantized.Int4Linear`: the same numbers the file holds,
-a seventh of the bytes to read per generated token.
+:class:`attnlab.nn.quantized.Int4Linear`: the numbers the file holds (up to the bf16
+rounding of each group's scale and zero), a seventh of the bytes to read per generated token.
 
 llama.cpp's converter reorders the rows of W_Q and W_K from the "rotate half" RoPE layout
 (pairs i, i + d/2; Hugging Face, attnlab) to interleaved pairs (2i, 2i + 1); loading undoes it.

@@ -39,8 +39,7 @@ void check_common(const at::Tensor& x, const at::Tensor& scales, at::ScalarType 
   check(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.is_cpu(),
         "x must be a contiguous float32 (rows, in) CPU tensor");
   check(x.size(1) == k, "x's width must be the matrix's in_features");
-  check(group > 0 && group % 16 == 0 && k % group == 0,
-        "group must divide in_features and be a multiple of 16");
+  check(group > 0 && k % group == 0, "group must divide in_features");
   check(scales.scalar_type() == dtype && scales.is_contiguous() && scales.dim() == 2 &&
             scales.size(0) == n && scales.size(1) == k / group,
         dtype == at::kFloat ? "scales must be float32 (out, in / group)"
@@ -74,7 +73,7 @@ inline f8 signed_codes(const int8_t* p) {
 #endif
 
 // lanes += s · Σ_{k < g} q[k] · x[k], the sum kept in 8 lanes; 4 independent accumulators
-// (g is a multiple of 32 here, of 16 in the tail below)
+// (then 8 at a time, then one at a time: any g)
 inline void group_dot(const int8_t* q, const float* x, int64_t g, float s, f8& lanes) {
   f8 a[4] = {};
   int64_t k = 0;
@@ -82,9 +81,10 @@ inline void group_dot(const int8_t* q, const float* x, int64_t g, float s, f8& l
     for (int u = 0; u < 4; ++u) {
       a[u] += signed_codes(q + k + 8 * u) * load(x + k + 8 * u);
     }
-  for (; k < g; k += 8) {
-    a[0] += signed_codes(q + k) * load(x + k);
-  }
+  for (; k + 8 <= g; k += 8) a[0] += signed_codes(q + k) * load(x + k);
+  float tail = 0;  // a width that is not a multiple of 8
+  for (; k < g; ++k) tail += static_cast<float>(q[k]) * x[k];
+  a[1][0] += tail;
   lanes += s * ((a[0] + a[1]) + (a[2] + a[3]));
 }
 
@@ -94,9 +94,11 @@ inline float lane_sum(f8 v) {
 
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
                        int64_t group) {
-  const int64_t m = x.size(0), n = q.size(0), k = q.size(1), groups = k / group;
-  check(q.scalar_type() == at::kChar && q.is_contiguous(), "codes must be contiguous int8");
+  check(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(),
+        "codes must be contiguous int8 (out, in)");
+  const int64_t m = x.size(0), n = q.size(0), k = q.size(1);
   check_common(x, scales, at::kFloat, n, k, group);
+  const int64_t groups = k / group;
   at::Tensor y = at::empty({m, n}, x.options());
   const float* xp = x.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
@@ -149,7 +151,9 @@ inline f8 chunk_dot4(const uint8_t* bytes, const int16_t* xq) {
 
 // The activations of int4_matmul, per 32-input chunk of each row: 16-bit codes with one scale,
 // q_x = round(x / s_x), s_x = max |x| / 32767, stored even inputs first (above), and each
-// group's float sum Σ x for the offsets (xs zeroed).
+// group's float sum Σ x for the offsets (xs zeroed). A chunk holding an inf or a NaN gets
+// s_x = NaN (its row's outputs are NaN, as x · Ŵᵀ would be or nearly); one whose inputs are
+// all below 1e-30 in size counts as zeros (an error under 1e-30 · Σ |s · c|).
 void quantize_chunks(const float* x, int64_t m, int64_t k, int64_t group, int16_t* xq,
                      float* sx, float* xs) {
   for (int64_t r = 0; r < m; ++r)
@@ -160,24 +164,30 @@ void quantize_chunks(const float* x, int64_t m, int64_t k, int64_t group, int16_
         top = std::max(top, std::fabs(src[j]));
         sum += src[j];
       }
-      const float inverse = top > 0 ? 32767 / top : 0;
+      const bool finite = std::isfinite(sum) && std::isfinite(top);
+      const float inverse = finite && top > 1e-30f ? 32767 / top : 0;
+      auto code = [&](float v) {  // within ±32767 however the product rounds
+        return static_cast<int16_t>(std::fmin(32767.f, std::fmax(-32767.f,
+                                                                   std::nearbyint(v * inverse))));
+      };
       int16_t* dst = xq + r * k + c * 32;
       for (int j = 0; j < 16; ++j) {
-        dst[j] = static_cast<int16_t>(std::nearbyint(src[2 * j] * inverse));
-        dst[16 + j] = static_cast<int16_t>(std::nearbyint(src[2 * j + 1] * inverse));
+        dst[j] = inverse > 0 ? code(src[2 * j]) : 0;
+        dst[16 + j] = inverse > 0 ? code(src[2 * j + 1]) : 0;
       }
-      sx[r * (k / 32) + c] = top / 32767;
+      sx[r * (k / 32) + c] = finite ? top / 32767 : std::nanf("");
       xs[r * (k / group) + c * 32 / group] += sum;
     }
 }
 
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const at::Tensor& offsets, int64_t group) {
-  const int64_t m = x.size(0), n = packed.size(0), k = packed.size(1) * 2, groups = k / group;
-  check(packed.scalar_type() == at::kByte && packed.is_contiguous(),
-        "codes must be contiguous uint8, two to a byte");
+  check(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
+        "codes must be contiguous uint8 (out, in / 2), two to a byte");
+  const int64_t m = x.size(0), n = packed.size(0), k = packed.size(1) * 2;
   check_common(x, scales, at::kHalf, n, k, group);
   check(group % 32 == 0, "int4 groups must be a multiple of 32");
+  const int64_t groups = k / group;
   check(offsets.sizes() == scales.sizes() && offsets.scalar_type() == at::kHalf &&
             offsets.is_contiguous(), "offsets must be float16 shaped like scales");
   const int64_t chunks = k / 32, per_group = group / 32;

@@ -9,23 +9,26 @@ float32 and ``y (m, out)`` float32:
 * ``int8_matmul(x, codes, scales, group)``: ``y[m, n] = Σ_g s[n, g] · Σ_{k∈g} q[n, k] x[m, k]``,
   codes int8 ``(out, in)``, scales float32 ``(out, in / g)``; ``g = in`` is one scale per
   channel, ``g = 32`` GGUF's Q8_0. The activations stay float32: the result differs from
-  ``x · Ŵᵀ`` in float32 by the order of the sums only.
+  ``x · Ŵᵀ`` in float32 by the order of the sums (and the scale applied per group) only.
 * ``int4_matmul(x, codes, scales, offsets, group)``: ``Ŵ[n, k] = s[n, g] · c[n, k] + b[n, g]``
   with 4-bit codes two to a byte (:func:`attnlab.nn.quantized.pack_codes`). Converting
   every 4-bit code to float costs more than reading it, so the codes meet ``x`` in exact
   integer sums (``vpmaddwd`` on AVX2): ``x`` is rounded per 32 inputs to 16 bits,
   ``x̂ = s_x · q_x``, ``s_x = max |x| / 32767``, and the offsets take the exact float ``Σ x``.
-  So ``|y − x · Ŵᵀ| ≤ ½ Σ_chunks s_x · Σ_k |s · c|`` plus float32 rounding: a relative
-  step of 2⁻¹⁵ of the chunk's largest input, 64 times finer than bf16's 2⁻⁹ (llama.cpp
-  rounds ``x`` to 8 bits here; that moved SmolLM2's logits 4x more than bf16 did).
+  So ``|y − x · Ŵᵀ| ≤ ½ Σ_chunks s_x · Σ_k |s · c|`` plus float32 rounding: a step of
+  2⁻¹⁵ of the chunk's largest input, against bf16's 2⁻⁹ of each input's own size (finer for
+  inputs within 64x of their chunk's largest; on SmolLM2 the logits moved half as much as
+  with bf16 activations; llama.cpp rounds ``x`` to 8 bits here, which moved them 4x more).
 
 Building needs the C++ compiler that ``torch.compile`` needs too; about 15 s, once per
-machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``). It is
+machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``; a failed
+build leaves a ``FAILED`` file there, so that later processes do not retry it). It is
 compiled for the CPU capability ATen reports (AVX2 code on AVX2 and AVX-512 x86, so the
 AVX2 emulation runs what an AVX2 laptop runs; portable vector code elsewhere) and threads
-with the OpenMP runtime torch itself loaded, never a second one. Where it cannot be built, or
-with ``ATTNLAB_INT_KERNELS=0``, :func:`available` is False and the layers fall back to
-PyTorch's kernels, with one warning.
+with the OpenMP runtime torch itself loaded, never a second one (on macOS it runs on one
+thread: torch's libomp is not linked). Where it cannot be built (Windows: the source is
+GCC/Clang C++), or with ``ATTNLAB_INT_KERNELS=0``, :func:`available` is False and the layers
+fall back to PyTorch's kernels, with one warning.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import platform
 import re
+import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -76,44 +82,64 @@ def _cache_dir() -> Path:
 
 
 _LOADED: bool | None = None  # decided once a process
+_LOCK = threading.Lock()
 
 
 def available() -> bool:
     """Whether attnlab's integer kernels are built and loaded (``torch.ops.attnlab.*``). The
     integer layers ask when they are made, so that a compiled graph only reads the answer."""
     global _LOADED
-    if _LOADED is None:
-        _LOADED = _load()
+    if _LOADED is not None:  # (all a compiled graph traces: the lock is for the first call)
+        return _LOADED
+    with _LOCK:
+        if _LOADED is None:
+            _LOADED = _load()
     return _LOADED
 
 
 def _load() -> bool:
     if os.environ.get("ATTNLAB_INT_KERNELS", "1") == "0":
         return False
+    if os.name == "nt":  # the source is GCC/Clang C++ (vector extensions), not MSVC's
+        return _without("not built on Windows")
     cflags, ldflags = _flags()
-    key = hashlib.sha256("\n".join([_SOURCE.read_text(), torch.__version__, *cflags, *ldflags])
+    key = hashlib.sha256("\n".join([_SOURCE.read_text(), torch.__version__, sys.platform,
+                                    platform.machine(), *cflags, *ldflags])
                          .encode()).hexdigest()[:16]
     name = f"attnlab_int_kernels_{key}"
     where = _cache_dir() / name
+    failed = where / "FAILED"  # a failed build is not retried by every process
+    if failed.is_file():
+        return _without(f"{failed.read_text().strip()}; delete {failed} to try again")
     try:
         from torch.utils import cpp_extension
 
         where.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(name, [str(_SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags,
                            build_directory=str(where), is_python_module=False, verbose=False)
+        _register_shapes()
     except Exception as error:  # no compiler, no ninja, an unwritable cache: run without them
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        warnings.warn(f"attnlab's integer kernels could not be built ({first}); integer layers "
-                      "use PyTorch's kernels, slower", RuntimeWarning, stacklevel=2)
-        return False
-    _register_shapes()
+        try:
+            failed.write_text(first + "\n")
+        except OSError:
+            pass
+        return _without(first)
     return True
 
 
+def _without(why: str) -> bool:
+    warnings.warn(f"attnlab's integer kernels could not be built ({why}); integer layers "
+                  "use PyTorch's kernels, slower", RuntimeWarning, stacklevel=3)
+    return False
+
+
 def _register_shapes() -> None:
-    """What ``torch.compile`` needs to trace through the kernels: the output's shape."""
+    """What ``torch.compile`` needs to trace through the kernels: the output's shape
+    (``register_fake`` from torch 2.4, ``impl_abstract`` before)."""
+    register = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
     for op in ("attnlab::int8_matmul", "attnlab::int4_matmul"):
-        torch.library.register_fake(op)(_output_like)
+        register(op)(_output_like)
 
 
 def _output_like(x: torch.Tensor, codes: torch.Tensor, *rest) -> torch.Tensor:

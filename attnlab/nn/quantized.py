@@ -26,8 +26,10 @@ dequantised ``Ŵ`` never materialised:
   with ``s = (max − min) / (2^bits − 1)`` and ``z = min + 8·s`` (the value of code 8) per
   group, both kept in bfloat16, so ``|W − Ŵ| ≤ s / 2`` plus their bf16 rounding,
   ``2⁻⁸ · (|z| + 8·s)``. For a few rows attnlab's own kernel unpacks the codes on the fly
-  against ``x`` rounded to 8 bits per 32 inputs (:mod:`attnlab.nn.int_kernels` states the
-  bound); where it cannot be built, PyTorch's int4 kernel with bfloat16 activations. Many rows
+  against ``x`` rounded to 16 bits per 32 inputs (:mod:`attnlab.nn.int_kernels` states the
+  bound), reading ``s`` and ``b = z − 8s`` in float16 (``b`` rounded once more, by at most
+  ``2⁻¹¹ · |b|``; a scale below float16's normal range, 6·10⁻⁵, keeps fewer bits); where it
+  cannot be built, PyTorch's int4 kernel with bfloat16 activations. Many rows
   (a prompt) run a GEMM on ``Ŵ`` in :func:`float_dtype`. 2-bit codes are stored at 2 bits on
   disk and run through the 4-bit kernel (4 bits in memory), the same speed as int4.
 
@@ -59,14 +61,14 @@ def float_dtype() -> torch.dtype:
     float output layer) and of int8's many-row GEMM: bfloat16 where the CPU runs it natively,
     float32 where bf16 is emulated. Measured on an AVX2-only EPYC with SmolLM2-135M in int4:
     a 512-token forward 9.3 s with bf16 around the kernels, 2.0 s with float32 (fp32 alone
-    1.1 s); one decoded token 42.6 ms against 46.5 ms (the kernels themselves stay bf16)."""
+    1.1 s); one decoded token 42.6 ms against 46.5 ms (PyTorch's kernels, in bf16, then)."""
     return _COMPUTE if hardware.cpu_bf16().native else torch.float32
 
 
 def _on_cpu(layer: nn.Module, x: Tensor) -> None:
     if x.device.type != "cpu":
         raise BadInput(f"{type(layer).__name__}: integer weights run on the CPU (the kernels are "
-                       f"PyTorch's CPU ones), not on {x.device}: use --device cpu")
+                       f"CPU ones), not on {x.device}: use --device cpu")
 
 
 class _FixedDtypes(nn.Module):
@@ -90,8 +92,9 @@ class Int8Linear(_FixedDtypes):
     """``y = x · Ŵᵀ (+ b)``, ``Ŵ[o, i] = s[o] · q[o, i]`` (module docstring); shapes
     ``x (..., in_features) -> (..., out_features)``, returned in ``x``'s dtype.
 
-    ``activations``: ``"float"`` (weight-only, computed in bfloat16) or ``"dynamic"`` (``x``
-    quantised per call, an int8 × int8 GEMM, float32 out).
+    ``activations``: ``"float"`` (weight-only: ``x`` in float32 through attnlab's kernel, in
+    bfloat16 through PyTorch's fallback) or ``"dynamic"`` (``x`` quantised per call, an
+    int8 × int8 GEMM, float32 out).
     """
 
     _DTYPES = {"scales": torch.float32, "kernel_scales": _COMPUTE, "bias": torch.float32}
@@ -158,13 +161,14 @@ class Int8Linear(_FixedDtypes):
             y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self._prepacked(),
                                                    self.reduce_range)
         else:
-            if x.shape[0] <= _KERNEL_ROWS and int_kernels.available():  # decoding
+            few = x.shape[0] <= _KERNEL_ROWS
+            if few and int_kernels.available() and not x.requires_grad:  # decoding
                 y = torch.ops.attnlab.int8_matmul(x.float().contiguous(), self.qweight,
                                                   self.scales[:, None], self.in_features)
-            elif x.shape[0] <= _KERNEL_ROWS:  # read the int8 matrix, not a float one
+            elif few and not x.requires_grad:  # read the int8 matrix, not a float one
                 y = torch.ops.aten._weight_int8pack_mm(x.to(_COMPUTE).contiguous(),
                                                        self.qweight, self.kernel_scales)
-            else:  # the kernel is slow on many rows; a float GEMM on Ŵ is fast there
+            else:  # many rows, or a gradient to pass: a float GEMM on Ŵ
                 dtype = float_dtype()
                 y = x.to(dtype) @ (self.qweight.to(dtype) * self.scales.to(dtype)[:, None]).t()
             if self.bias is not None:
@@ -251,8 +255,8 @@ class Int4Linear(_FixedDtypes):
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 32, bits: int = 4) -> Int4Linear:
         """Quantise a float layer: each group's range onto ``2^bits`` levels. The codes are
-        rounded against the bf16 scale and zero the kernel will read, so that the only error
-        beyond ``s / 2`` is that rounding's, at the range's ends."""
+        rounded against the bf16 scale and zero the layer keeps, so that the only error beyond
+        ``s / 2`` is that rounding's, at the range's ends (and the kernel's float16 ``b``)."""
         w = linear.weight.detach().float()
         out_features, in_features = w.shape
         layer = cls(in_features, out_features, group_size, linear.bias is not None, bits)

@@ -151,6 +151,17 @@ def test_int8_error_is_at_most_half_a_step_per_channel():
         assert err <= tolerance * (x.abs().double() @ layer.weight.abs().double().t()).max()
 
 
+def test_int8_passes_a_gradient_to_its_input():
+    """A few rows that need a gradient (LoRA over int8 weights) take the float GEMM on Ŵ,
+    which has one: ∂(Σ y)/∂x = Σ_o Ŵ[o, :] (in float_dtype())."""
+    layer = Int8Linear.from_linear(nn.Linear(40, 16))
+    x = torch.randn(3, 40, requires_grad=True)
+    layer(x).sum().backward()
+    expected = layer.weight.sum(0).expand(3, 40)
+    tolerance = 2 ** -7 if float_dtype() == BF16 else 1e-5
+    assert torch.allclose(x.grad, expected, rtol=0, atol=tolerance * expected.abs().max())
+
+
 def test_int8_runs_compiled_and_reloaded_with_the_same_numbers():
     """PyTorch's kernel's bf16 scales are a buffer of their own (inductor cannot lower that
     kernel on a cast made inside the graph): they follow a state_dict into a fresh layer and
