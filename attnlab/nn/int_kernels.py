@@ -21,7 +21,8 @@ float32 and ``y (m, out)`` float32:
   with bf16 activations; llama.cpp rounds ``x`` to 8 bits here, which moved them 4x more).
 
 Building needs the C++ compiler that ``torch.compile`` needs too; about 15 s, once per
-machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``; a failed
+machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``, else the
+temporary folder; a failed
 build leaves a ``FAILED`` file there, so that later processes do not retry it). It is
 compiled for the CPU capability ATen reports (AVX2 code on AVX2 and AVX-512 x86, so the
 AVX2 emulation runs what an AVX2 laptop runs; portable vector code elsewhere) and threads
@@ -39,6 +40,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -76,9 +78,19 @@ def _flags() -> tuple[list[str], list[str]]:
 
 
 def _cache_dir() -> Path:
+    """``$ATTNLAB_CACHE_DIR`` (else ``$XDG_CACHE_HOME/attnlab``, ``~/.cache/attnlab``), or the
+    temporary folder where that cannot be written (a read-only home)."""
     root = os.environ.get("ATTNLAB_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "attnlab")
-    return Path(root) / "kernels"
+    path = Path(root) / "kernels"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if os.access(path, os.W_OK):
+            return path
+    except OSError:
+        pass
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"attnlab-{user}" / "kernels"
 
 
 _LOADED: bool | None = None  # decided once a process

@@ -4,6 +4,8 @@ algorithm nn/int_kernels.py states, and their place in a compiled graph."""
 import os
 import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,16 @@ def test_the_kernels_build_wherever_a_compiler_is():
     """A broken kernel source must not pass as "could not be built" (which skips the tests
     below and runs PyTorch's kernels): on Linux with a C++ compiler, they build."""
     assert os.environ.get("ATTNLAB_INT_KERNELS", "1") == "0" or int_kernels.available()
+
+
+def test_an_unwritable_cache_folder_falls_back_to_the_temporary_one(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(blocked))
+    folder = int_kernels._cache_dir()
+    assert folder.parent.parent == Path(tempfile.gettempdir())
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "fine"))
+    assert int_kernels._cache_dir() == tmp_path / "fine" / "kernels"
 
 
 def _int8_case(rows, out_features, in_features, group, seed=0):
