@@ -158,6 +158,7 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
         model = model.to(device=device, dtype=DTYPES[precision])
     return decoding_layout_(model, rows)
 
+
 def integer_head(model: nn.Module) -> None:
     """The output layer ``lm_head`` as int8 codes with one scale per row (the embedding,
     often tied to it, stays float: a lookup reads one row). For SmolLM2 the head is 113 MB

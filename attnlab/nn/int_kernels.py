@@ -22,8 +22,8 @@ float32 and ``y (m, out)`` float32:
 
 Building needs the C++ compiler that ``torch.compile`` needs too; about 15 s, once per
 machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``, else the
-temporary folder; a failed
-build leaves a ``FAILED`` file there, so that later processes do not retry it). It is
+temporary folder; a failed build leaves a ``FAILED`` file there, so that later processes do
+not retry it). It is
 compiled for the CPU capability ATen reports (AVX2 code on AVX2 and AVX-512 x86, so the
 AVX2 emulation runs what an AVX2 laptop runs; portable vector code elsewhere) and threads
 with the OpenMP runtime torch itself loaded, never a second one (on macOS it runs on one

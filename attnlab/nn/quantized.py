@@ -272,12 +272,9 @@ class Int4Linear(_FixedDtypes):
         return layer
 
     def _set(self, codes: Tensor, scale: Tensor, zero: Tensor) -> None:
-        """Codes ``(out, in)``, scale and zero ``(out, in / g)``."""
+        """Codes ``(out, in)``, scale and zero ``(out, in / g)``, and the kernel's copies."""
         self.qweight = pack_codes(codes, 4)
         self.scales, self.zeros = scale.to(_COMPUTE), zero.to(_COMPUTE)
-        self._kernel_values()
-
-    def _kernel_values(self) -> None:
         self.kernel_scales = self.scales.to(torch.float16)
         self.kernel_offsets = (self.zeros.float() - 8 * self.scales.float()).to(torch.float16)
         self._pytorch = None
