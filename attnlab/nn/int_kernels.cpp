@@ -24,8 +24,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#if defined(__AVX2__)
+#include <vector>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ATTNLAB_X86 1
 #include <immintrin.h>
+#define CONVERT(v) _mm256_cvtepi32_ps(v)
+#else
+#define CONVERT(v) __builtin_convertvector(v, f8)
 #endif
 
 namespace {
@@ -59,7 +64,7 @@ inline f8 load(const float* p) {
 }
 
 // 8 int8 codes to 8 floats
-#if defined(__AVX2__)
+#if defined(ATTNLAB_X86)
 // GCC widens a vector of 8 bytes element by element (10x slower), so x86 says it directly
 inline f8 signed_codes(const int8_t* p) {
   return (f8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
@@ -118,66 +123,98 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 }
 
 inline float half(uint16_t bits) {
-#if defined(__AVX2__) && defined(__F16C__)
+#if defined(ATTNLAB_X86)
   return _cvtsh_ss(bits);
 #else
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 #endif
 }
 
-// One 32-input chunk of a row of 4-bit codes (16 bytes: byte j holds input 2j in its low
-// nibble, 2j+1 in its high one) against the chunk's 16-bit activations, stored as the 16 even
-// inputs and then the 16 odd ones: the exact integer Σ c · q_x in 8 lanes (each lane's sum
-// is at most 4 · 15 · 32767 < 2^24, exact in float32 too).
-#if defined(__AVX2__)
-inline f8 chunk_dot4(const uint8_t* bytes, const int16_t* xq) {
-  const __m128i v = _mm_loadu_si128((const __m128i*)bytes), nibble = _mm_set1_epi8(15);
-  const __m256i low = _mm256_cvtepu8_epi16(_mm_and_si128(v, nibble));
-  const __m256i high = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), nibble));
-  // int16 · int16 in pairs to int32
-  const __m256i sums = _mm256_add_epi32(
-      _mm256_madd_epi16(low, _mm256_loadu_si256((const __m256i*)xq)),
-      _mm256_madd_epi16(high, _mm256_loadu_si256((const __m256i*)(xq + 16))));
-  return (f8)_mm256_cvtepi32_ps(sums);
+// The 32 inputs of a chunk in the order its codes unpack: 16 bytes are 8 words, word w holding
+// inputs 4w … 4w+3 in its four nibbles (low nibble first), and nibble q of every word is taken
+// at once, so the 16-bit activations are stored as x[8q + w] = input 4w + q.
+constexpr int kOrder[32] = {0, 4, 8,  12, 16, 20, 24, 28, 1, 5, 9,  13, 17, 21, 25, 29,
+                            2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31};
+
+// Σ c · q_x over one chunk, exact in 8 int32 lanes (each at most 4 · 15 · 32767 < 2^24, so
+// exact in float32 too)
+#if defined(ATTNLAB_X86)
+inline __m256i chunk_dot4(const uint8_t* bytes, const int16_t* xq) {
+  // both halves hold the 8 words; shifting each 32-bit lane (two words) by 0/4 (low/high
+  // half), then 8/12, and keeping each word's low nibble gives nibbles 0, 1, then 2, 3
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)bytes));
+  const __m256i nibble = _mm256_set1_epi32(0x000F000F);
+  const __m256i q01 = _mm256_and_si256(
+      _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), nibble);
+  const __m256i q23 = _mm256_and_si256(
+      _mm256_srlv_epi32(v, _mm256_setr_epi32(8, 8, 8, 8, 12, 12, 12, 12)), nibble);
+  // int16 · int16 in pairs to int32 (vpmaddwd)
+  return _mm256_add_epi32(_mm256_madd_epi16(q01, _mm256_loadu_si256((const __m256i*)xq)),
+                          _mm256_madd_epi16(q23, _mm256_loadu_si256((const __m256i*)(xq + 16))));
 }
 #else
-inline f8 chunk_dot4(const uint8_t* bytes, const int16_t* xq) {
+inline i8 chunk_dot4(const uint8_t* bytes, const int16_t* xq) {
   i8 sums = {};
-  for (int j = 0; j < 16; ++j)
-    sums[j % 8] += (bytes[j] & 15) * int32_t(xq[j]) + (bytes[j] >> 4) * int32_t(xq[16 + j]);
-  return __builtin_convertvector(sums, f8);
+  for (int q = 0; q < 4; ++q)
+    for (int w = 0; w < 8; ++w)
+      sums[w] += int32_t((bytes[2 * w + q / 2] >> (4 * (q % 2))) & 15) * xq[8 * q + w];
+  return sums;
 }
 #endif
 
 // The activations of int4_matmul, per 32-input chunk of each row: 16-bit codes with one scale,
-// q_x = round(x / s_x), s_x = max |x| / 32767, stored even inputs first (above), and each
-// group's float sum Σ x for the offsets (xs zeroed). A chunk holding an inf or a NaN gets
-// s_x = NaN (its row's outputs are NaN, as x · Ŵᵀ would be or nearly); one whose inputs are
-// all below 1e-30 in size counts as zeros (an error under 1e-30 · Σ |s · c|).
+// q_x = round(x / s_x), s_x = max |x| / 32767, stored in kOrder, and each group's float sum
+// Σ x for the offsets (xs zeroed). A chunk holding an inf or a NaN (its sum is not finite)
+// gets s_x = NaN: its row's outputs are NaN, as x · Ŵᵀ would be or nearly. One whose inputs
+// are all below 1e-30 in size counts as zeros (an error under 1e-30 · Σ |s · c|).
 void quantize_chunks(const float* x, int64_t m, int64_t k, int64_t group, int16_t* xq,
                      float* sx, float* xs) {
   for (int64_t r = 0; r < m; ++r)
     for (int64_t c = 0; c < k / 32; ++c) {
       const float* src = x + r * k + c * 32;
-      float top = 0, sum = 0;
-      for (int j = 0; j < 32; ++j) {
-        top = std::max(top, std::fabs(src[j]));
-        sum += src[j];
+      float v[32];
+      for (int j = 0; j < 32; ++j) v[j] = src[kOrder[j]];
+      f8 top8 = {}, sum8 = {};
+      for (int u = 0; u < 4; ++u) {
+        const f8 part = load(v + 8 * u);
+        sum8 += part;
+        top8 = top8 > part ? top8 : part;  // (NaN compares false: the sum catches it)
+        top8 = top8 > -part ? top8 : -part;
       }
+      float top = 0;
+      for (int j = 0; j < 8; ++j) top = std::max(top, top8[j]);
+      const float sum = lane_sum(sum8);
       const bool finite = std::isfinite(sum) && std::isfinite(top);
       const float inverse = finite && top > 1e-30f ? 32767 / top : 0;
-      auto code = [&](float v) {  // within ±32767 however the product rounds
-        return static_cast<int16_t>(std::fmin(32767.f, std::fmax(-32767.f,
-                                                                   std::nearbyint(v * inverse))));
-      };
       int16_t* dst = xq + r * k + c * 32;
-      for (int j = 0; j < 16; ++j) {
-        dst[j] = inverse > 0 ? code(src[2 * j]) : 0;
-        dst[16 + j] = inverse > 0 ? code(src[2 * j + 1]) : 0;
+      for (int u = 0; u < 4; ++u) {  // within ±32767 however the product rounds
+        f8 scaled = load(v + 8 * u) * inverse;
+        scaled = scaled < 32767.f ? scaled : 32767.f;
+        scaled = scaled > -32767.f ? scaled : -32767.f;
+#if defined(ATTNLAB_X86)  // (rounds to nearest even, as std::nearbyint does)
+        const __m128i low = _mm256_castsi256_si128(_mm256_cvtps_epi32((__m256)scaled));
+        const __m128i high = _mm256_extracti128_si256(_mm256_cvtps_epi32((__m256)scaled), 1);
+        _mm_storeu_si128((__m128i*)(dst + 8 * u), _mm_packs_epi32(low, high));
+#else
+        for (int j = 0; j < 8; ++j) dst[8 * u + j] = static_cast<int16_t>(std::nearbyint(scaled[j]));
+#endif
       }
       sx[r * (k / 32) + c] = finite ? top / 32767 : std::nanf("");
       xs[r * (k / group) + c * 32 / group] += sum;
     }
+}
+
+// Σ_{j < n} half(h[j]) · f[j]
+inline float half_dot(const uint16_t* h, const float* f, int64_t n) {
+  f8 lanes = {};
+  int64_t j = 0;
+#if defined(ATTNLAB_X86)
+  for (; j + 8 <= n; j += 8)
+    lanes += (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + j))) * load(f + j);
+#endif
+  float rest = 0;
+  for (; j < n; ++j) rest += half(h[j]) * f[j];
+  return lane_sum(lanes) + rest;
 }
 
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
@@ -204,26 +241,32 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
   const uint16_t* bp = reinterpret_cast<const uint16_t*>(offsets.data_ptr<at::Half>());
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
+    std::vector<float> weight(chunks);  // s · s_x of each chunk of a row
     for (int64_t o = n0; o < n1; ++o)
       for (int64_t r = 0; r < m; ++r) {
-        // two independent sums, so that each FMA need not wait for the one before
-        f8 even = {}, odd = {};
         const uint8_t* row = cp + o * k / 2;
         const int16_t* xr = xqp + r * k;
         const uint16_t* sr = sp + o * groups;
         const float* sxr = sxp + r * chunks;
-        // a chunk's weight scale (no division in the common case of groups of 32)
-        auto scale = [&](int64_t c) { return half(per_group == 1 ? sr[c] : sr[c / per_group]); };
+        float* w = weight.data();
         int64_t c = 0;
-        for (; c + 1 < chunks; c += 2) {
-          even += (scale(c) * sxr[c]) * chunk_dot4(row + c * 16, xr + c * 32);
-          odd += (scale(c + 1) * sxr[c + 1]) *
-                 chunk_dot4(row + (c + 1) * 16, xr + (c + 1) * 32);
-        }
-        if (c < chunks) even += (scale(c) * sxr[c]) * chunk_dot4(row + c * 16, xr + c * 32);
-        float offset = 0;
-        for (int64_t g = 0; g < groups; ++g) offset += half(bp[o * groups + g]) * xsp[r * groups + g];
-        yp[r * n + o] = lane_sum(even + odd) + offset;
+#if defined(ATTNLAB_X86)
+        if (per_group == 1)  // (SmolLM2's and Q4_1's groups of 32: 8 at a time)
+          for (; c + 8 <= chunks; c += 8)
+            _mm256_storeu_ps(w + c, _mm256_mul_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sr + c))),
+                _mm256_loadu_ps(sxr + c)));
+#endif
+        for (; c < chunks; ++c) w[c] = half(sr[c / per_group]) * sxr[c];
+        // four independent sums, so that each FMA need not wait for the one before
+        f8 lanes[4] = {};
+        for (c = 0; c + 4 <= chunks; c += 4)
+          for (int u = 0; u < 4; ++u)
+            lanes[u] += w[c + u] * (f8)CONVERT(chunk_dot4(row + (c + u) * 16, xr + (c + u) * 32));
+        for (; c < chunks; ++c)
+          lanes[0] += w[c] * (f8)CONVERT(chunk_dot4(row + c * 16, xr + c * 32));
+        yp[r * n + o] = lane_sum((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                        half_dot(bp + o * groups, xsp + r * groups, groups);
       }
   });
   return y;
