@@ -56,9 +56,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from llamacpp import bandwidth
 
-    from attnlab.nn import int_kernels
+    from attnlab.nn import cpu_kernels
 
-    if not int_kernels.available():
+    if not cpu_kernels.available():
         raise SystemExit("attnlab's integer kernels could not be built here")
     print(f"# {platform.processor() or platform.machine()}, "
           f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "

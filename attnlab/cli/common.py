@@ -316,7 +316,7 @@ def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int, compile: 
 
 def add_integer_args(p: argparse.ArgumentParser) -> None:
     """``--int4`` / ``--int8``: integer weight matrices on attnlab's CPU kernels
-    (nn/int_kernels.py), PyTorch's where those cannot be built."""
+    (nn/cpu_kernels.py), PyTorch's where those cannot be built."""
     p.add_argument("--int4", action="store_true",
                    help="4-bit weights (a GGUF keeps its own Q4_1 codes), an int8 output layer")
     p.add_argument("--int8", action="store_true",

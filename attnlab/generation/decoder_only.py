@@ -165,11 +165,11 @@ def integer_head(model: nn.Module) -> None:
     in float32, the largest matrix a token reads, and 28 MB in int8; measured in
     docs/benchmarks.md (speed, and nats per token). Only where attnlab's int8 kernel runs:
     its float32 activations keep the logits' order, which PyTorch's bf16 kernel did not."""
-    from attnlab.nn import int_kernels
+    from attnlab.nn import cpu_kernels
     from attnlab.nn.quantized import Int8Linear
 
     head = getattr(model, "lm_head", None)
-    if isinstance(head, nn.Linear) and int_kernels.available():
+    if isinstance(head, nn.Linear) and cpu_kernels.available():
         model.lm_head = Int8Linear.from_linear(head)
 
 

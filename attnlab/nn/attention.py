@@ -17,7 +17,10 @@ Two paths, one result:
 * the *explicit* path writes the equation out and can return the attention weights
   (for teaching, inspection and plots);
 * the *fused* path calls :func:`torch.nn.functional.scaled_dot_product_attention`, which picks a
-  flash / memory-efficient kernel where it can (for speed).
+  flash / memory-efficient kernel where it can (for speed);
+* one query a row on the CPU in float32 (a decoding step) calls attnlab's own kernel
+  (:mod:`attnlab.nn.cpu_kernels`), which reads the cache's slots only up to the last one the
+  mask allows: a static cache's empty tail costs nothing.
 
 A query row whose every key is masked has nothing to attend to. Softmax over an empty set is
 undefined (0/0 = NaN in floating point); we define its output, and its weights, to be zeros.
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.nn import cpu_kernels
 from attnlab.nn.masks import causal_mask, combine_masks
 
 
@@ -77,6 +81,9 @@ def scaled_dot_product_attention(
         scale = 1.0 / math.sqrt(q.shape[-1])
     if need_weights:
         return _explicit(q, k, v, mask, bias, dropout_p, scale)
+    if _decoding_kernel_applies(q, k, v, mask, bias, dropout_p, is_causal):
+        rows = None if mask is None else mask.reshape(mask.shape[0], k_len).contiguous()
+        return torch.ops.attnlab.decode_attention(q, k, v, rows, scale)
     if _composed_is_faster(q, k_len):
         if is_causal:
             mask = causal_mask(q_len, k_len, q.device)
@@ -90,6 +97,22 @@ def scaled_dot_product_attention(
 # flash kernel wins at every size. So on CPU, in reduced precision and up to 512×512 scores,
 # the fast path composes the same equation from matmuls (docs/benchmarks.md).
 _COMPOSED_MAX_SCORES = 512 * 512
+
+
+def _decoding_kernel_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                             bias: Tensor | None, dropout_p: float, is_causal: bool) -> bool:
+    """One query a row, float32 on the CPU, no bias, dropout or gradient, and a mask (if any)
+    that is one row of slots per batch row: ``(batch or 1, 1, 1, k_len)``."""
+    if (q.shape[-2] != 1 or q.device.type != "cpu" or bias is not None or dropout_p > 0
+            or is_causal or not cpu_kernels.available()):
+        return False
+    if any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return False
+    return mask is None or (mask.dtype == torch.bool and mask.dim() == 4
+                            and mask.shape[1:3] == (1, 1) and mask.shape[3] == k.shape[-2]
+                            and mask.shape[0] in (1, q.shape[0]))
 
 
 def _composed_is_faster(q: Tensor, k_len: int) -> bool:

@@ -9,7 +9,7 @@ dequantised ``Ŵ`` never materialised:
       Ŵ[o, i] = s[o] · q[o, i],   q ∈ {−127, …, 127},   s[o] = max_i |W[o, i]| / 127
 
   so ``|W − Ŵ| ≤ s[o] / 2``. For a few rows (decoding) attnlab's own kernel
-  (:mod:`attnlab.nn.int_kernels`, float32 activations; PyTorch's ``_weight_int8pack_mm`` in
+  (:mod:`attnlab.nn.cpu_kernels`, float32 activations; PyTorch's ``_weight_int8pack_mm`` in
   bfloat16 where it cannot be built), a GEMM on ``Ŵ`` in :func:`float_dtype` for many; or,
   with ``activations="dynamic"``, in
   float32 through the quantised-engine GEMM
@@ -26,7 +26,7 @@ dequantised ``Ŵ`` never materialised:
   with ``s = (max − min) / (2^bits − 1)`` and ``z = min + 8·s`` (the value of code 8) per
   group, both kept in bfloat16, so ``|W − Ŵ| ≤ s / 2`` plus their bf16 rounding,
   ``2⁻⁸ · (|z| + 8·s)``. For a few rows attnlab's own kernel unpacks the codes on the fly
-  against ``x`` rounded to 16 bits per 32 inputs (:mod:`attnlab.nn.int_kernels` states the
+  against ``x`` rounded to 16 bits per 32 inputs (:mod:`attnlab.nn.cpu_kernels` states the
   bound), reading ``s`` and ``b = z − 8s`` in float16 (``b`` rounded once more, by at most
   ``2⁻¹¹ · |b|``; a scale below float16's normal range, 6·10⁻⁵, keeps fewer bits); where it
   cannot be built, PyTorch's int4 kernel with bfloat16 activations. Many rows
@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from attnlab import hardware
 from attnlab.errors import BadInput
-from attnlab.nn import int_kernels
+from attnlab.nn import cpu_kernels
 
 _COMPUTE = torch.bfloat16  # the kernels' activations (and the int4 kernel's scales and zeros)
 # Up to this many rows (tokens) the integer kernels run, reading the codes once for all rows;
@@ -106,7 +106,7 @@ class Int8Linear(_FixedDtypes):
             raise BadInput(f"activations must be 'float' or 'dynamic', got {activations!r}")
         self.in_features, self.out_features = in_features, out_features
         self.activations = activations
-        int_kernels.available()  # built (or found wanting) now, not inside a compiled graph
+        cpu_kernels.available()  # built (or found wanting) now, not inside a compiled graph
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8,
                                                     device=device))
         self.register_buffer("scales", torch.ones(out_features, device=device))
@@ -162,7 +162,7 @@ class Int8Linear(_FixedDtypes):
                                                    self.reduce_range)
         else:
             few = x.shape[0] <= _KERNEL_ROWS
-            if few and int_kernels.available() and not x.requires_grad:  # decoding
+            if few and cpu_kernels.available() and not x.requires_grad:  # decoding
                 y = torch.ops.attnlab.int8_matmul(x.float().contiguous(), self.qweight,
                                                   self.scales[:, None], self.in_features)
             elif few and not x.requires_grad:  # read the int8 matrix, not a float one
@@ -223,7 +223,7 @@ class Int4Linear(_FixedDtypes):
                            "(the packed kernel's tiles)")
         self.in_features, self.out_features = in_features, out_features
         self.group_size, self.bits = group_size, bits
-        int_kernels.available()  # built (or found wanting) now, not inside a compiled graph
+        cpu_kernels.available()  # built (or found wanting) now, not inside a compiled graph
         groups = (out_features, in_features // group_size)
         # the codes two a byte (pack_codes at 4 bits); scale s and zero z (the value of code
         # 8) per group, in bf16 as they are saved; the kernel's s and b = z − 8s in float16
@@ -306,7 +306,7 @@ class Int4Linear(_FixedDtypes):
         if x.shape[0] > _KERNEL_ROWS:  # a prompt: one float GEMM
             dtype = float_dtype()
             return x.to(dtype) @ self.weight.to(dtype).t()
-        if int_kernels.available() and self.group_size % 32 == 0:
+        if cpu_kernels.available() and self.group_size % 32 == 0:
             return torch.ops.attnlab.int4_matmul(x.float().contiguous(), self.qweight,
                                                  self.kernel_scales, self.kernel_offsets,
                                                  self.group_size)

@@ -1,5 +1,5 @@
 """attnlab's integer kernels (attnlab/nn/int_kernels.cpp) against float64 references of the
-algorithm nn/int_kernels.py states, and their place in a compiled graph."""
+algorithm nn/cpu_kernels.py states, and their place in a compiled graph."""
 
 import os
 import shutil
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.nn import int_kernels
+from attnlab.nn import cpu_kernels
 
-built = pytest.mark.skipif(not int_kernels.available(),
+built = pytest.mark.skipif(not cpu_kernels.available(),
                            reason="attnlab's integer kernels could not be built here")
 
 
@@ -21,17 +21,17 @@ built = pytest.mark.skipif(not int_kernels.available(),
 def test_the_kernels_build_wherever_a_compiler_is():
     """A broken kernel source must not pass as "could not be built" (which skips the tests
     below and runs PyTorch's kernels): on Linux with a C++ compiler, they build."""
-    assert os.environ.get("ATTNLAB_INT_KERNELS", "1") == "0" or int_kernels.available()
+    assert os.environ.get("ATTNLAB_CPU_KERNELS", "1") == "0" or cpu_kernels.available()
 
 
 def test_an_unwritable_cache_folder_falls_back_to_the_temporary_one(tmp_path, monkeypatch):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(blocked))
-    folder = int_kernels._cache_dir()
+    folder = cpu_kernels._cache_dir()
     assert folder.parent.parent == Path(tempfile.gettempdir())
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "fine"))
-    assert int_kernels._cache_dir() == tmp_path / "fine" / "kernels"
+    assert cpu_kernels._cache_dir() == tmp_path / "fine" / "kernels"
 
 
 def _int8_case(rows, out_features, in_features, group, seed=0):

@@ -9,7 +9,7 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.generation import generate
 from attnlab.models import GPT
-from attnlab.nn import int_kernels
+from attnlab.nn import cpu_kernels
 from attnlab.nn.quantized import (
     Int4Linear,
     Int8Linear,
@@ -32,12 +32,12 @@ def _codes(out_features=48, in_features=128, group=32, seed=0):
 
 def _int4_error_bound(x, layer):
     """What Int4Linear may differ from x · Ŵᵀ by for a few rows: attnlab's kernel rounds x to
-    16 bits per 32 inputs (½ s_x · |s · c| summed, nn/int_kernels.py), PyTorch's fallback
+    16 bits per 32 inputs (½ s_x · |s · c| summed, nn/cpu_kernels.py), PyTorch's fallback
     rounds x and its output to bf16."""
     x = x.reshape(-1, layer.in_features).double()
     w = layer.weight.double()
     magnitude = x.abs() @ w.abs().t()
-    if not int_kernels.available():
+    if not cpu_kernels.available():
         return 2 ** -7 * magnitude
     step = (x.view(x.shape[0], -1, 32).abs().amax(-1) / 32767).repeat_interleave(32, 1)
     sc = w - layer.kernel_offsets.double().repeat_interleave(layer.group_size, 1)
@@ -146,7 +146,7 @@ def test_int8_error_is_at_most_half_a_step_per_channel():
         x = torch.randn(rows, 128)
         ref = x.double() @ layer.weight.double().t() + lin.bias.double()
         err = (layer(x).double() - ref).abs().max()
-        exact = int_kernels.available() if rows <= 32 else float_dtype() == torch.float32
+        exact = cpu_kernels.available() if rows <= 32 else float_dtype() == torch.float32
         tolerance = 2 ** -18 if exact else 2 ** -7
         assert err <= tolerance * (x.abs().double() @ layer.weight.abs().double().t()).max()
 
@@ -187,7 +187,7 @@ def test_int8_runs_compiled_and_reloaded_with_the_same_numbers():
         got = compiled(x)
     error = (got.double() - ref).abs().max()
     assert error <= bound and error <= (want.double() - ref).abs().max()
-    assert torch.equal(got, want) or not int_kernels.available()
+    assert torch.equal(got, want) or not cpu_kernels.available()
 
 
 @pytest.mark.parametrize("bits, group", [(4, 32), (4, 64), (2, 32), (2, 128)])
@@ -235,7 +235,7 @@ def test_codes_read_back_and_pack_portably(bits):
 def test_without_attnlabs_kernels_pytorchs_int4_kernel_runs(monkeypatch):
     """Where int_kernels cannot be built, the int4 layer runs PyTorch's kernel (bf16
     activations), packed from the same codes on first use, within bf16's bound of x · Ŵᵀ."""
-    monkeypatch.setattr(int_kernels, "available", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     codes, scale, minimum = _codes()
     layer = Int4Linear.from_codes(codes, scale, minimum, bias=torch.randn(48))
     x = torch.randn(4, 128)

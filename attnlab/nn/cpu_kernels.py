@@ -1,10 +1,11 @@
-"""attnlab's own integer matrix products for decoding, compiled from ``int_kernels.cpp`` on
-first use and cached on disk; :mod:`attnlab.nn.quantized`'s layers call them for a few rows.
+"""attnlab's own CPU kernels for decoding, compiled from C++ on first use and cached on disk:
+:mod:`attnlab.nn.quantized`'s layers call the integer matrix products for a few rows, and
+:func:`attnlab.nn.attention.scaled_dot_product_attention` the one-query attention.
 
 Why our own: on a CPU one decoded token reads every weight once, so the kernel must read
 its codes at the memory's speed. PyTorch's int4 and int8 CPU kernels for one row read at
-3–8 GB/s on a 17 GB/s AVX2 machine (docs/benchmarks.md). These two, for ``x (m, in)``
-float32 and ``y (m, out)`` float32:
+3–8 GB/s on a 17 GB/s AVX2 machine (docs/benchmarks.md). ``int_kernels.cpp``, for
+``x (m, in)`` float32 and ``y (m, out)`` float32:
 
 * ``int8_matmul(x, codes, scales, group)``: ``y[m, n] = Σ_g s[n, g] · Σ_{k∈g} q[n, k] x[m, k]``,
   codes int8 ``(out, in)``, scales float32 ``(out, in / g)``; ``g = in`` is one scale per
@@ -20,6 +21,11 @@ float32 and ``y (m, out)`` float32:
   inputs within 64x of their chunk's largest; on SmolLM2 the logits moved half as much as
   with bf16 activations; llama.cpp rounds ``x`` to 8 bits here, which moved them 4x more).
 
+``decode_attention.cpp``: ``decode_attention(q, k, v, mask, scale)``, softmax attention of one
+query a row ``q (b, h, 1, d)`` over a float32 cache ``k, v (b, h_kv, slots, d)`` (grouped
+queries), ``mask (b or 1, slots)`` boolean, True = may attend. It stops at each row's last
+allowed slot, so a static cache's empty tail is never read; a row with none gives zeros.
+
 Building needs the C++ compiler that ``torch.compile`` needs too; about 15 s, once per
 machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``, else the
 temporary folder; a failed build leaves a ``FAILED`` file there, so that later processes do
@@ -28,8 +34,8 @@ compiled for the CPU capability ATen reports (AVX2 code on AVX2 and AVX-512 x86,
 AVX2 emulation runs what an AVX2 laptop runs; portable vector code elsewhere) and threads
 with the OpenMP runtime torch itself loaded, never a second one (on macOS it runs on one
 thread: torch's libomp is not linked). Where it cannot be built (Windows: the source is
-GCC/Clang C++), or with ``ATTNLAB_INT_KERNELS=0``, :func:`available` is False and the layers
-fall back to PyTorch's kernels, with one warning.
+GCC/Clang C++), or with ``ATTNLAB_CPU_KERNELS=0``, :func:`available` is False and the layers
+fall back to PyTorch's kernels (attention to its fused one), with one warning.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("int_kernels.cpp")
+_SOURCES = [Path(__file__).with_name(n) for n in ("int_kernels.cpp", "decode_attention.cpp")]
 
 
 def _openmp_runtime() -> str | None:
@@ -98,8 +104,9 @@ _LOCK = threading.Lock()
 
 
 def available() -> bool:
-    """Whether attnlab's integer kernels are built and loaded (``torch.ops.attnlab.*``). The
-    integer layers ask when they are made, so that a compiled graph only reads the answer."""
+    """Whether attnlab's kernels are built and loaded (``torch.ops.attnlab.*``). The integer
+    layers and attention ask when they are made, so that a compiled graph only reads the
+    answer."""
     global _LOADED
     if _LOADED is not None:  # (all a compiled graph traces: the lock is for the first call)
         return _LOADED
@@ -110,15 +117,15 @@ def available() -> bool:
 
 
 def _load() -> bool:
-    if os.environ.get("ATTNLAB_INT_KERNELS", "1") == "0":
+    if os.environ.get("ATTNLAB_CPU_KERNELS", "1") == "0":
         return False
     if os.name == "nt":  # the source is GCC/Clang C++ (vector extensions), not MSVC's
         return _without("not built on Windows")
     cflags, ldflags = _flags()
-    key = hashlib.sha256("\n".join([_SOURCE.read_text(), torch.__version__, sys.platform,
-                                    platform.machine(), *cflags, *ldflags])
-                         .encode()).hexdigest()[:16]
-    name = f"attnlab_int_kernels_{key}"
+    parts = [*(f.read_text() for f in _SOURCES), torch.__version__, sys.platform,
+             platform.machine(), *cflags, *ldflags]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    name = f"attnlab_kernels_{key}"
     where = _cache_dir() / name
     failed = where / "FAILED"  # a failed build is not retried by every process
     if failed.is_file():
@@ -127,8 +134,9 @@ def _load() -> bool:
         from torch.utils import cpp_extension
 
         where.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(name, [str(_SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags,
-                           build_directory=str(where), is_python_module=False, verbose=False)
+        cpp_extension.load(name, [str(f) for f in _SOURCES], extra_cflags=cflags,
+                           extra_ldflags=ldflags, build_directory=str(where),
+                           is_python_module=False, verbose=False)
         _register_shapes()
     except Exception as error:  # no compiler, no ninja, an unwritable cache: run without them
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -141,8 +149,9 @@ def _load() -> bool:
 
 
 def _without(why: str) -> bool:
-    warnings.warn(f"attnlab's integer kernels could not be built ({why}); integer layers "
-                  "use PyTorch's kernels, slower", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"attnlab's CPU kernels could not be built ({why}); integer layers and "
+                  "decoding attention use PyTorch's kernels, slower", RuntimeWarning,
+                  stacklevel=3)
     return False
 
 
@@ -151,11 +160,16 @@ def _register_shapes() -> None:
     (``register_fake`` from torch 2.4, ``impl_abstract`` before)."""
     register = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
     for op in ("attnlab::int8_matmul", "attnlab::int4_matmul"):
-        register(op)(_output_like)
+        register(op)(_product_like)
+    register("attnlab::decode_attention")(_attention_like)
 
 
-def _output_like(x: torch.Tensor, codes: torch.Tensor, *rest) -> torch.Tensor:
+def _product_like(x: torch.Tensor, codes: torch.Tensor, *rest) -> torch.Tensor:
     return x.new_empty(x.shape[0], codes.shape[0])
+
+
+def _attention_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest) -> torch.Tensor:
+    return q.new_empty(*q.shape[:-1], v.shape[-1])
 
 
 __all__ = ["available"]
