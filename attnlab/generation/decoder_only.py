@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import BadInput
-from attnlab.nn.layout import decoding_layout_
+from attnlab.nn.layout import decoding_layout_, fuse_projections_
 
 if TYPE_CHECKING:
     from attnlab.generation.compiled import CompiledStep
@@ -146,12 +146,14 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
     CPU decoding one sequence (``rows`` = 1), stored input-major (:func:`decoding_layout_`;
     a batch of ``rows`` > 1 reads row-major faster). An ``integer`` model (``--int4``,
     ``--int8``) keeps its integer matrices and the float dtype ``quantize`` gave the rest, runs
-    on the CPU only, and gets an int8 output layer (:func:`integer_head`)."""
+    on the CPU only, gets an int8 output layer (:func:`integer_head`), and its Q/K/V and W₁/W₃
+    stacked into one product each (:func:`~attnlab.nn.layout.fuse_projections_`)."""
     if integer:
         if device is not None and torch.device(device).type != "cpu":
             raise BadInput(f"integer weights (--int4, --int8) run on the CPU only, not on "
                            f"{device}")
         integer_head(model)
+        fuse_projections_(model)
     else:
         from attnlab.hardware import DTYPES
 

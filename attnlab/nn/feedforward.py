@@ -47,9 +47,22 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation in GATES else None
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)  # inside the FFN, after the nonlinearity
+        self.w13: nn.Module | None = None  # w1 and w3 as one product (fuse_gate_)
+
+    def fuse_gate_(self, w13: nn.Module) -> None:
+        """A gated FFN's ``w1`` and ``w3`` replaced by ``w13``, which computes ``[x·W₁ | x·W₃]``
+        in one product (decoding: :func:`attnlab.nn.layout.fuse_projections_`)."""
+        if self.w3 is None:
+            raise BadInput("only a gated feed-forward (swiglu, geglu) has w1 and w3 to fuse")
+        self.w1 = self.w3 = None
+        self.w13 = w13
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = ACTIVATIONS[GATES.get(self.activation, self.activation)](self.w1(x))
-        if self.w3 is not None:
-            hidden = hidden * self.w3(x)
+        if self.w13 is not None:
+            gate, up = self.w13(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.w1(x), None if self.w3 is None else self.w3(x)
+        hidden = ACTIVATIONS[GATES.get(self.activation, self.activation)](gate)
+        if up is not None:
+            hidden = hidden * up
         return self.w2(self.dropout(hidden))

@@ -4,6 +4,11 @@
 
 Stored input-major, ``W``'s memory holds ``Wᵀ`` row by row, so the product multiplies by a
 row-major ``(in, out)`` matrix. Shapes, values and parameter names do not change.
+
+Integer matrices that read the same input are stacked into one (:func:`fuse_projections_`):
+self-attention's ``[W_Q | W_K | W_V]`` and a gated feed-forward's ``[W₁ | W₃]``. The values are
+the same; a decoded token makes 4 integer products a layer instead of 7 (each call rounds its
+``x`` and starts its threads).
 """
 
 from __future__ import annotations
@@ -37,4 +42,25 @@ def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
                 w.data = w.data.t().contiguous().t()
         elif not w.is_contiguous():
             w.data = w.data.contiguous()
+    return model
+
+
+def fuse_projections_(model: nn.Module) -> nn.Module:
+    """Stack each self-attention's Q, K, V and each gated feed-forward's W₁, W₃ into one
+    integer layer (:func:`attnlab.nn.quantized.stack_rows`), in place; returns ``model``.
+    Float layers, adapters and cross-attention stay as they are. Names change (``qkv``,
+    ``w13``): a copy for decoding, not one to save."""
+    from attnlab.nn.feedforward import FeedForward
+    from attnlab.nn.multihead import MultiHeadAttention
+    from attnlab.nn.quantized import stack_rows
+
+    for name, m in list(model.named_modules()):
+        if isinstance(m, MultiHeadAttention) and name.endswith("self_attn") and not m.fused_qkv:
+            fused = stack_rows([m.q_proj, m.k_proj, m.v_proj])
+            if fused is not None:
+                m.fuse_qkv_(fused)
+        elif isinstance(m, FeedForward) and m.w3 is not None:
+            fused = stack_rows([m.w1, m.w3])
+            if fused is not None:
+                m.fuse_gate_(fused)
     return model

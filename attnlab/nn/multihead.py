@@ -93,6 +93,15 @@ class MultiHeadAttention(nn.Module):
         del self.qkv
         self.fused_qkv = False
 
+    def fuse_qkv_(self, qkv: nn.Module) -> None:
+        """The inverse of :meth:`unfuse_qkv_`: ``qkv`` computes ``[Q | K | V]`` (for example
+        :func:`attnlab.nn.quantized.stack_rows` of the three), in place of the three
+        projections, so that self-attention runs one product."""
+        if self.fused_qkv:
+            return
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv, self.fused_qkv = qkv, True
+
     def _heads(self, x: Tensor, n: int) -> Tensor:
         """``(batch, seq, n·d_k) -> (batch, n, seq, d_k)``."""
         b, s, _ = x.shape

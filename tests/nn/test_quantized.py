@@ -16,6 +16,7 @@ from attnlab.nn.quantized import (
     float_dtype,
     pack_codes,
     quantize,
+    stack_rows,
     unpack_codes,
 )
 
@@ -276,3 +277,60 @@ def test_dynamic_int8_reduces_range_without_vnni(vnni, monkeypatch):
     layer = Int8Linear.from_linear(nn.Linear(8, 4), activations="dynamic")
     x86 = torch.backends.quantized.engine in ("fbgemm", "x86", "onednn")
     assert layer.reduce_range == (x86 and vnni == "0")
+
+
+# --- stacked projections for decoding (nn/layout.py's fuse_projections_) ----------------------
+def _linears(sizes, in_features=64, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return [nn.Linear(in_features, n, bias=bias) for n in sizes]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_stacked_rows_give_each_layers_outputs_side_by_side(bits):
+    """Every output row is computed on its own, so the stacked layer's values are the
+    layers' own, bit for bit, on the decoding path (a few rows)."""
+    make = (lambda lin: Int4Linear.from_linear(lin)) if bits == 4 else Int8Linear.from_linear
+    layers = [make(lin) for lin in _linears([64, 32, 32])]
+    fused = stack_rows(layers)
+    assert type(fused) is type(layers[0]) and fused.out_features == 128
+    for rows in (1, 5):
+        x = torch.randn(rows, 64)
+        assert torch.equal(fused(x), torch.cat([m(x) for m in layers], -1))
+
+
+def test_layers_that_differ_are_not_stacked():
+    a, b = _linears([32, 32])
+    four, eight = Int4Linear.from_linear(a), Int8Linear.from_linear(b)
+    assert stack_rows([four, eight]) is None  # two kinds
+    assert stack_rows([a, b]) is None  # float layers: nothing to gain, a float GEMM rounds
+    assert stack_rows([four, Int4Linear.from_linear(b, group_size=64)]) is None
+    assert stack_rows([Int8Linear.from_linear(a), Int8Linear.from_linear(b, "dynamic")]) is None
+    assert stack_rows([four, Int4Linear.from_linear(_linears([32], bias=False)[0])]) is None
+
+
+def test_fused_projections_decode_the_same_logits_in_four_products_a_layer():
+    """A 4-bit Llama with Q/K/V and W₁/W₃ stacked: the same logits, bit for bit, in 4 integer
+    products a layer instead of 7; a float model is left alone."""
+    from attnlab.nn.layout import fuse_projections_
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig.from_preset("llama-mini", n_decoder_layers=2, d_ff=384)).eval()
+    quantize(model, bits=4)
+    ids = torch.randint(0, 256, (1, 6))
+    with torch.no_grad():
+        cache = model.new_cache()
+        before = [model(ids, cache=cache)[:, -1]] + [
+            model(ids[:, i:i + 1], cache=cache)[:, -1] for i in range(3)]
+        fuse_projections_(model)
+        cache = model.new_cache()
+        after = [model(ids, cache=cache)[:, -1]] + [
+            model(ids[:, i:i + 1], cache=cache)[:, -1] for i in range(3)]
+    layer = model.blocks.layers[0]
+    assert layer.self_attn.fused_qkv and layer.ffn.w1 is None and layer.ffn.w3 is None
+    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == 2 * 4
+    exact = cpu_kernels.available()  # (PyTorch's fallback rounds a prompt's GEMM its own way)
+    for b, a in zip(before, after, strict=True):
+        assert torch.equal(a, b) if exact else torch.allclose(a, b, atol=1e-2)
+    float_model = GPT(ModelConfig.from_preset("llama-mini", n_decoder_layers=1))
+    fuse_projections_(float_model)
+    assert not float_model.blocks.layers[0].self_attn.fused_qkv

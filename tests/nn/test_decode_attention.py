@@ -1,0 +1,129 @@
+"""attnlab's one-query attention (attnlab/nn/decode_attention.cpp) against a float64 reference
+of softmax(s · q Kᵀ) V over the allowed slots, and its place in scaled_dot_product_attention."""
+
+import math
+
+import pytest
+import torch
+
+from attnlab.nn import attention, cpu_kernels
+from attnlab.nn.attention import scaled_dot_product_attention
+
+built = pytest.mark.skipif(not cpu_kernels.available(),
+                           reason="attnlab's CPU kernels could not be built here")
+
+
+def _reference(q, k, v, allowed, scale):
+    """float64 softmax attention, one query a row; rows with no allowed slot give zeros."""
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, 1)
+    v = v.double().repeat_interleave(group, 1)
+    scores = scale * q.double() @ k.transpose(-2, -1)  # (b, h, 1, slots)
+    allowed = allowed.view(allowed.shape[0], 1, 1, -1).expand_as(scores)
+    scores = scores.masked_fill(~allowed, -math.inf)
+    weights = torch.nan_to_num(scores.softmax(-1), nan=0.0)
+    return weights @ v.masked_fill(~allowed.transpose(-2, -1)[..., :1], 0.0)
+
+
+def _case(batch, heads, kv_heads, slots, d, dv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, heads, 1, d, generator=g),
+            torch.randn(batch, kv_heads, slots, d, generator=g),
+            torch.randn(batch, kv_heads, slots, dv, generator=g))
+
+
+@built
+@pytest.mark.parametrize("heads, kv_heads, d, dv", [
+    (4, 4, 64, 64), (6, 2, 64, 64), (4, 1, 128, 128), (3, 3, 24, 40), (2, 1, 13, 7)])
+def test_matches_softmax_attention_over_the_allowed_slots(heads, kv_heads, d, dv):
+    """Grouped queries, the register path (64, 128) and the general one, holes in the mask,
+    one row fully masked (zeros, never NaN), a mask shared by the batch."""
+    q, k, v = _case(3, heads, kv_heads, 40, d, dv)
+    allowed = torch.zeros(3, 40, dtype=torch.bool)
+    allowed[0, :17] = True
+    allowed[1, 5:33] = True
+    allowed[1, 9] = allowed[1, 20] = False  # holes
+    scale = d ** -0.5
+    got = torch.ops.attnlab.decode_attention(q, k, v, allowed, scale)
+    want = _reference(q, k, v, allowed, scale)
+    assert got.shape == (3, heads, 1, dv) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[2], torch.zeros_like(got[2]))
+    shared = torch.ops.attnlab.decode_attention(q, k, v, allowed[1:2], scale)
+    torch.testing.assert_close(shared.double(), _reference(q, k, v, allowed[1:2].expand(3, -1),
+                                                           scale), rtol=1e-5, atol=1e-6)
+    everything = torch.ops.attnlab.decode_attention(q, k, v, None, scale)
+    torch.testing.assert_close(everything.double(),
+                               _reference(q, k, v, torch.ones(3, 40, dtype=torch.bool), scale),
+                               rtol=1e-5, atol=1e-6)
+
+
+@built
+def test_slots_the_mask_forbids_are_never_read():
+    """NaN keys and values in the holes and past the last allowed slot (a static cache's empty
+    tail) leave the output finite and exact; PyTorch's fused kernel gives NaN there."""
+    q, k, v = _case(2, 4, 2, 64, 16, 16, seed=1)
+    allowed = torch.zeros(2, 64, dtype=torch.bool)
+    allowed[:, :20] = True
+    allowed[1, 7] = False
+    want = _reference(q, k, v, allowed, 0.25)
+    k[:, :, 20:] = v[:, :, 20:] = math.nan
+    k[1, :, 7] = v[1, :, 7] = math.nan
+    got = scaled_dot_product_attention(q, k, v, mask=allowed[:, None, None, :], scale=0.25)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    fused = attention._fused(q, k, v, allowed[:, None, None, :], None, 0.0, False, 0.25)
+    assert fused.isnan().any()
+
+
+@built
+def test_a_cache_view_with_its_own_strides_is_read_in_place():
+    """The growing cache hands attention a slice of its storage (slots < capacity)."""
+    q, k, v = _case(2, 4, 2, 48, 32, 32, seed=2)
+    k_view, v_view = k[:, :, :30], v[:, :, :30]
+    assert not k_view.is_contiguous()
+    got = scaled_dot_product_attention(q, k_view, v_view)
+    want = _reference(q, k_view, v_view, torch.ones(2, 30, dtype=torch.bool), 32 ** -0.5)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_without_the_kernels_pytorchs_fused_kernel_gives_the_same(monkeypatch):
+    q, k, v = _case(2, 6, 3, 25, 16, 16, seed=3)
+    allowed = torch.rand(2, 1, 1, 25, generator=torch.Generator().manual_seed(0)) < 0.7
+    ours = scaled_dot_product_attention(q, k, v, mask=allowed)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    theirs = scaled_dot_product_attention(q, k, v, mask=allowed)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@built
+def test_a_gradient_takes_the_differentiable_path():
+    q, k, v = _case(1, 2, 2, 10, 8, 8, seed=4)
+    q.requires_grad_(True)
+    out = scaled_dot_product_attention(q, k, v)
+    out.sum().backward()
+    assert q.grad is not None and q.grad.abs().sum() > 0
+    assert "decode_attention" not in str(out.grad_fn)
+
+
+@built
+def test_compiled_equals_eager_bit_for_bit():
+    q, k, v = _case(1, 9, 3, 64, 64, 64, seed=5)
+    allowed = torch.zeros(1, 1, 1, 64, dtype=torch.bool)
+    allowed[..., :23] = True
+
+    def step(q, k, v, mask):
+        return scaled_dot_product_attention(q, k, v, mask=mask)
+
+    compiled = torch.compile(step, backend="inductor", fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(q, k, v, allowed), step(q, k, v, allowed))
+
+
+@built
+def test_bad_operands_are_refused_with_the_kernels_name():
+    q, k, v = _case(1, 2, 2, 8, 8, 8)
+    with pytest.raises(RuntimeError, match="attnlab decode attention: one query a row"):
+        torch.ops.attnlab.decode_attention(q.expand(1, 2, 2, 8), k, v, None, 1.0)
+    with pytest.raises(RuntimeError, match="mask must be"):
+        torch.ops.attnlab.decode_attention(q, k, v, torch.ones(1, 9, dtype=torch.bool), 1.0)
+    with pytest.raises(RuntimeError, match="kv_heads must divide heads"):
+        torch.ops.attnlab.decode_attention(q, k[:, :0], v[:, :0], None, 1.0)
