@@ -42,6 +42,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
+from attnlab.nn import cpu_kernels
 from attnlab.nn.cache import DecoderCache, StaticCache, StaticDecoderCache
 
 BUCKET = 256  # capacities are multiples of this (or the model's context, when smaller)
@@ -150,6 +151,8 @@ class CompiledStep:
 
     def __call__(self, model: nn.Module, *args) -> Tensor:
         function, graphs = self._for(args)
+        if not graphs:
+            cpu_kernels.available()  # built or loaded now: the trace only reads the answer
         if graphs:
             self._mark_static(args)
             torch.compiler.cudagraph_mark_step_begin()  # each call is a new step

@@ -110,6 +110,8 @@ def available() -> bool:
     global _LOADED
     if _LOADED is not None:  # (all a compiled graph traces: the lock is for the first call)
         return _LOADED
+    if torch.compiler.is_compiling():  # nothing is built inside a trace: PyTorch's kernels
+        return False  # (CompiledStep asks before it compiles; a later trace sees the answer)
     with _LOCK:
         if _LOADED is None:
             _LOADED = _load()

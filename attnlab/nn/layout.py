@@ -47,12 +47,11 @@ def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
 
 def fuse_projections_(model: nn.Module) -> nn.Module:
     """Stack each self-attention's Q, K, V and each gated feed-forward's W₁, W₃ into one
-    integer layer (:func:`attnlab.nn.quantized.stack_rows`), in place; returns ``model``.
+    integer layer (:func:`stack_rows`), in place; returns ``model``.
     Float layers, adapters and cross-attention stay as they are. Names change (``qkv``,
     ``w13``): a copy for decoding, not one to save."""
     from attnlab.nn.feedforward import FeedForward
     from attnlab.nn.multihead import MultiHeadAttention
-    from attnlab.nn.quantized import stack_rows
 
     for name, m in list(model.named_modules()):
         if isinstance(m, MultiHeadAttention) and name.endswith("self_attn") and not m.fused_qkv:
@@ -64,3 +63,37 @@ def fuse_projections_(model: nn.Module) -> nn.Module:
             if fused is not None:
                 m.fuse_gate_(fused)
     return model
+
+
+def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
+    """One integer layer whose output is ``[y₁ | y₂ | …]``, the ``layers``' outputs side by
+    side (their rows stacked), or None where they are not all :class:`Int4Linear` of one group
+    size and width, or all float-activation :class:`Int8Linear`, over the same inputs. The
+    kernels compute each output row on its own, so every value is what the layer gave alone:
+    decoding then rounds ``x`` once, and pays one call, for Q, K and V (or W₁ and W₃)."""
+    from attnlab.nn.quantized import Int4Linear, Int8Linear
+
+    first = layers[0]
+    same = all(type(m) is type(first) and m.in_features == first.in_features
+               and (m.bias is None) == (first.bias is None) for m in layers)
+    if not same or isinstance(first, Int8Linear) and any(m.activations != "float"
+                                                         for m in layers):
+        return None
+    out_features = sum(m.out_features for m in layers)
+    if isinstance(first, Int4Linear):
+        if any((m.group_size, m.bits) != (first.group_size, first.bits) for m in layers):
+            return None
+        fused = Int4Linear(first.in_features, out_features, first.group_size,
+                           first.bias is not None, first.bits, first.qweight.device)
+        names = ("qweight", "scales", "zeros", "kernel_scales", "kernel_offsets")
+    elif isinstance(first, Int8Linear):
+        fused = Int8Linear(first.in_features, out_features, first.bias is not None,
+                           device=first.qweight.device)
+        names = ("qweight", "scales", "kernel_scales")
+    else:
+        return None
+    for name in names:
+        setattr(fused, name, torch.cat([getattr(m, name) for m in layers]))
+    if first.bias is not None:
+        fused.bias.data = torch.cat([m.bias.detach() for m in layers])
+    return fused

@@ -95,7 +95,7 @@ class MultiHeadAttention(nn.Module):
 
     def fuse_qkv_(self, qkv: nn.Module) -> None:
         """The inverse of :meth:`unfuse_qkv_`: ``qkv`` computes ``[Q | K | V]`` (for example
-        :func:`attnlab.nn.quantized.stack_rows` of the three), in place of the three
+        :func:`attnlab.nn.layout.stack_rows` of the three), in place of the three
         projections, so that self-attention runs one product."""
         if self.fused_qkv:
             return

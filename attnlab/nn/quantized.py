@@ -375,38 +375,6 @@ class _Int4MatMul(torch.autograd.Function):
         return (grad.float() @ ctx.layer.weight).to(ctx.dtype), None
 
 
-def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
-    """One integer layer whose output is ``[y₁ | y₂ | …]``, the ``layers``' outputs side by
-    side (their rows stacked), or None where they are not all :class:`Int4Linear` of one group
-    size and width, or all float-activation :class:`Int8Linear`, over the same inputs. The
-    kernels compute each output row on its own, so every value is what the layer gave alone:
-    decoding then rounds ``x`` once, and pays one call, for Q, K and V (or W₁ and W₃)."""
-    first = layers[0]
-    same = all(type(m) is type(first) and m.in_features == first.in_features
-               and (m.bias is None) == (first.bias is None) for m in layers)
-    if not same or isinstance(first, Int8Linear) and any(m.activations != "float"
-                                                         for m in layers):
-        return None
-    out_features = sum(m.out_features for m in layers)
-    if isinstance(first, Int4Linear):
-        if any((m.group_size, m.bits) != (first.group_size, first.bits) for m in layers):
-            return None
-        fused = Int4Linear(first.in_features, out_features, first.group_size,
-                           first.bias is not None, first.bits, first.qweight.device)
-        names = ("qweight", "scales", "zeros", "kernel_scales", "kernel_offsets")
-    elif isinstance(first, Int8Linear):
-        fused = Int8Linear(first.in_features, out_features, first.bias is not None,
-                           device=first.qweight.device)
-        names = ("qweight", "scales", "kernel_scales")
-    else:
-        return None
-    for name in names:
-        setattr(fused, name, torch.cat([getattr(m, name) for m in layers]))
-    if first.bias is not None:
-        fused.bias.data = torch.cat([m.bias.detach() for m in layers])
-    return fused
-
-
 def quantize(model: nn.Module, bits: int = 4, group_size: int = 32,
              activations: str = "float", skip: tuple[str, ...] = ("lm_head",),
              skeleton: bool = False, only: set[str] | None = None) -> list[str]:
@@ -449,4 +417,4 @@ def quantize(model: nn.Module, bits: int = 4, group_size: int = 32,
 
 
 __all__ = ["BITS", "Int4Linear", "Int8Linear", "fits_int4", "float_dtype", "pack_codes", "quantize",
-           "stack_rows", "unpack_codes"]
+           "unpack_codes"]

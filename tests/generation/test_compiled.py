@@ -109,6 +109,38 @@ def test_generate_with_the_compiled_step_gives_greedy_tokens(name):
         assert torch.equal(got, want)
 
 
+def test_a_float_model_compiles_before_anything_asked_for_the_cpu_kernels():
+    """The one-query attention asks whether attnlab's kernels are built; nothing may be built
+    inside a trace. In a fresh process: a user's own torch.compile gets PyTorch's kernel, and
+    CompiledStep settles the question before it compiles (once failed: a lock in the trace)."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+from attnlab import GPT, ModelConfig
+from attnlab.generation.compiled import CompiledStep
+from attnlab.generation.decoder_only import generate
+from attnlab.nn import cpu_kernels
+from attnlab.nn.attention import scaled_dot_product_attention
+q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+f = torch.compile(scaled_dot_product_attention, backend="eager", fullgraph=True)
+assert torch.allclose(f(q, k, v), scaled_dot_product_attention(q, k, v), atol=1e-6)
+torch.manual_seed(0)
+model = GPT(ModelConfig.from_preset("llama-mini", vocab_size=97, d_model=32, n_heads=4,
+                                    d_ff=64, n_decoder_layers=2)).eval()
+ids = torch.tensor([[1, 2, 3]])
+cpu_kernels._LOADED = None
+got = generate(model, ids, 6, compiled=CompiledStep(backend="eager"))
+assert cpu_kernels._LOADED is not None
+assert torch.equal(got, generate(model, ids, 6))
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 def test_past_the_context_generate_stays_eager():
     """nanoGPT's crop needs the eager path: a run longer than the context never compiles."""
     model = family("gpt2")

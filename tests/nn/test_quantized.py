@@ -10,13 +10,13 @@ from attnlab.config import ModelConfig
 from attnlab.generation import generate
 from attnlab.models import GPT
 from attnlab.nn import cpu_kernels
+from attnlab.nn.layout import fuse_projections_, stack_rows
 from attnlab.nn.quantized import (
     Int4Linear,
     Int8Linear,
     float_dtype,
     pack_codes,
     quantize,
-    stack_rows,
     unpack_codes,
 )
 
@@ -311,8 +311,6 @@ def test_layers_that_differ_are_not_stacked():
 def test_fused_projections_decode_the_same_logits_in_four_products_a_layer():
     """A 4-bit Llama with Q/K/V and W₁/W₃ stacked: the same logits, bit for bit, in 4 integer
     products a layer instead of 7; a float model is left alone."""
-    from attnlab.nn.layout import fuse_projections_
-
     torch.manual_seed(0)
     model = GPT(ModelConfig.from_preset("llama-mini", n_decoder_layers=2, d_ff=384)).eval()
     quantize(model, bits=4)
