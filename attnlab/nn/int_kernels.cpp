@@ -93,6 +93,8 @@ inline void group_dot(const int8_t* q, const float* x, int64_t g, float s, f8& l
   lanes += s * ((a[0] + a[1]) + (a[2] + a[3]));
 }
 
+inline void store(float* p, f8 v) { std::memcpy(p, &v, sizeof v); }
+
 inline float lane_sum(f8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
@@ -163,12 +165,11 @@ inline i8 chunk_dot4(const uint8_t* bytes, const int16_t* xq) {
 #endif
 
 // The activations of int4_matmul, per 32-input chunk of each row: 16-bit codes with one scale,
-// q_x = round(x / s_x), s_x = max |x| / 32767, stored in kOrder, and each group's float sum
-// Σ x for the offsets (xs zeroed). A chunk holding an inf or a NaN (its sum is not finite)
+// q_x = round(x / s_x), s_x = max |x| / 32767, stored in kOrder, and the chunk's float sum
+// Σ x for the offsets. A chunk holding an inf or a NaN (its sum is not finite)
 // gets s_x = NaN: its row's outputs are NaN, as x · Ŵᵀ would be or nearly. One whose inputs
 // are all below 1e-30 in size counts as zeros (an error under 1e-30 · Σ |s · c|).
-void quantize_chunks(const float* x, int64_t m, int64_t k, int64_t group, int16_t* xq,
-                     float* sx, float* xs) {
+void quantize_chunks(const float* x, int64_t m, int64_t k, int16_t* xq, float* sx, float* xs) {
   for (int64_t r = 0; r < m; ++r)
     for (int64_t c = 0; c < k / 32; ++c) {
       const float* src = x + r * k + c * 32;
@@ -196,25 +197,13 @@ void quantize_chunks(const float* x, int64_t m, int64_t k, int64_t group, int16_
         const __m128i high = _mm256_extracti128_si256(_mm256_cvtps_epi32((__m256)scaled), 1);
         _mm_storeu_si128((__m128i*)(dst + 8 * u), _mm_packs_epi32(low, high));
 #else
-        for (int j = 0; j < 8; ++j) dst[8 * u + j] = static_cast<int16_t>(std::nearbyint(scaled[j]));
+        for (int j = 0; j < 8; ++j)
+          dst[8 * u + j] = static_cast<int16_t>(std::nearbyint(scaled[j]));
 #endif
       }
       sx[r * (k / 32) + c] = finite ? top / 32767 : std::nanf("");
-      xs[r * (k / group) + c * 32 / group] += sum;
+      xs[r * (k / 32) + c] = sum;
     }
-}
-
-// Σ_{j < n} half(h[j]) · f[j]
-inline float half_dot(const uint16_t* h, const float* f, int64_t n) {
-  f8 lanes = {};
-  int64_t j = 0;
-#if defined(ATTNLAB_X86)
-  for (; j + 8 <= n; j += 8)
-    lanes += (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + j))) * load(f + j);
-#endif
-  float rest = 0;
-  for (; j < n; ++j) rest += half(h[j]) * f[j];
-  return lane_sum(lanes) + rest;
 }
 
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
@@ -229,8 +218,8 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
             offsets.is_contiguous(), "offsets must be float16 shaped like scales");
   const int64_t chunks = k / 32, per_group = group / 32;
   at::Tensor xq = at::empty({m, k}, x.options().dtype(at::kShort));
-  at::Tensor sx = at::empty({m, chunks}, x.options()), xs = at::zeros({m, groups}, x.options());
-  quantize_chunks(x.data_ptr<float>(), m, k, group, xq.data_ptr<int16_t>(), sx.data_ptr<float>(),
+  at::Tensor sx = at::empty({m, chunks}, x.options()), xs = at::empty({m, chunks}, x.options());
+  quantize_chunks(x.data_ptr<float>(), m, k, xq.data_ptr<int16_t>(), sx.data_ptr<float>(),
                   xs.data_ptr<float>());
   at::Tensor y = at::empty({m, n}, x.options());
   const int16_t* xqp = xq.data_ptr<int16_t>();
@@ -240,33 +229,48 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const uint16_t* bp = reinterpret_cast<const uint16_t*>(offsets.data_ptr<at::Half>());
   float* yp = y.data_ptr<float>();
+  // For output row o and input row r: w[c] = s · s_x of each chunk, and the offsets' part
+  // Σ_c b · Σ_{k ∈ c} x in 8 lanes (8 chunks at a time where the groups are chunks)
+  auto prepare = [&](int64_t o, int64_t r, float* w) {
+    const uint16_t* sr = sp + o * groups;
+    const uint16_t* br = bp + o * groups;
+    const float* sxr = sxp + r * chunks;
+    const float* xsr = xsp + r * chunks;
+    f8 lanes = {};
+    int64_t c = 0;
+#if defined(ATTNLAB_X86)
+    if (per_group == 1)
+      for (; c + 8 <= chunks; c += 8) {
+        const f8 s = (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sr + c)));
+        const f8 b = (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(br + c)));
+        store(w + c, s * load(sxr + c));
+        lanes += b * load(xsr + c);
+      }
+#endif
+    float rest = 0;
+    for (; c < chunks; ++c) {
+      w[c] = half(sr[c / per_group]) * sxr[c];
+      rest += half(br[c / per_group]) * xsr[c];
+    }
+    lanes[0] += rest;
+    return lanes;
+  };
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
-    std::vector<float> weight(chunks);  // s · s_x of each chunk of a row
+    std::vector<float> weights(chunks);  // s · s_x of each chunk of a row
+    float* w0 = weights.data();
     for (int64_t o = n0; o < n1; ++o)
-      for (int64_t r = 0; r < m; ++r) {
+      for (int64_t r = 0; r < m; ++r) {  // (the codes stay in L1 across the rows of x)
         const uint8_t* row = cp + o * k / 2;
         const int16_t* xr = xqp + r * k;
-        const uint16_t* sr = sp + o * groups;
-        const float* sxr = sxp + r * chunks;
-        float* w = weight.data();
-        int64_t c = 0;
-#if defined(ATTNLAB_X86)
-        if (per_group == 1)  // (SmolLM2's and Q4_1's groups of 32: 8 at a time)
-          for (; c + 8 <= chunks; c += 8)
-            _mm256_storeu_ps(w + c, _mm256_mul_ps(
-                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sr + c))),
-                _mm256_loadu_ps(sxr + c)));
-#endif
-        for (; c < chunks; ++c) w[c] = half(sr[c / per_group]) * sxr[c];
         // four independent sums, so that each FMA need not wait for the one before
-        f8 lanes[4] = {};
-        for (c = 0; c + 4 <= chunks; c += 4)
+        f8 lanes[4] = {prepare(o, r, w0)};
+        int64_t c = 0;
+        for (; c + 4 <= chunks; c += 4)
           for (int u = 0; u < 4; ++u)
-            lanes[u] += w[c + u] * (f8)CONVERT(chunk_dot4(row + (c + u) * 16, xr + (c + u) * 32));
+            lanes[u] += w0[c + u] * (f8)CONVERT(chunk_dot4(row + (c + u) * 16, xr + (c + u) * 32));
         for (; c < chunks; ++c)
-          lanes[0] += w[c] * (f8)CONVERT(chunk_dot4(row + c * 16, xr + c * 32));
-        yp[r * n + o] = lane_sum((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                        half_dot(bp + o * groups, xsp + r * groups, groups);
+          lanes[0] += w0[c] * (f8)CONVERT(chunk_dot4(row + c * 16, xr + c * 32));
+        yp[r * n + o] = lane_sum((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]));
       }
   });
   return y;
