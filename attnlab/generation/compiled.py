@@ -129,8 +129,11 @@ class CompiledStep:
             graphs = device == "cuda" and self.backend == "inductor"
             # Inductor's wrapper checks each input's size and alignment at every call, ~1 µs
             # each and ~900 a token for SmolLM2: Dynamo's guards have checked them already
-            options = ({"size_asserts": False, "alignment_asserts": False}
-                       if self.backend == "inductor" and not graphs else None)
+            options = None
+            if self.backend == "inductor" and not graphs:  # (those this torch knows)
+                known = torch._inductor.config
+                options = {k: False for k in ("size_asserts", "alignment_asserts")
+                           if hasattr(known, k)} or None
             self._compiled[device] = (torch.compile(
                 self.function, backend=self.backend, dynamic=False, fullgraph=True,
                 mode="reduce-overhead" if graphs else None, options=options), graphs)
@@ -151,7 +154,7 @@ class CompiledStep:
 
     def __call__(self, model: nn.Module, *args) -> Tensor:
         function, graphs = self._for(args)
-        if not graphs:
+        if not graphs and any(isinstance(a, Tensor) and a.device.type == "cpu" for a in args):
             cpu_kernels.available()  # built or loaded now: the trace only reads the answer
         if graphs:
             self._mark_static(args)

@@ -82,7 +82,7 @@ def scaled_dot_product_attention(
     if need_weights:
         return _explicit(q, k, v, mask, bias, dropout_p, scale)
     if _decoding_kernel_applies(q, k, v, mask, bias, dropout_p, is_causal):
-        rows = None if mask is None else mask.reshape(mask.shape[0], k_len).contiguous()
+        rows = None if mask is None else mask.reshape(-1, k_len).contiguous()
         return torch.ops.attnlab.decode_attention(q, k, v, rows, scale)
     if _composed_is_faster(q, k_len):
         if is_causal:
@@ -101,18 +101,24 @@ _COMPOSED_MAX_SCORES = 512 * 512
 
 def _decoding_kernel_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                              bias: Tensor | None, dropout_p: float, is_causal: bool) -> bool:
-    """One query a row, float32 on the CPU, no bias, dropout or gradient, and a mask (if any)
-    that is one row of slots per batch row: ``(batch or 1, 1, 1, k_len)``."""
+    """One query a row, float32 on the CPU, no bias, dropout or gradient, ``(batch, heads, len,
+    d)`` tensors (grouped queries), and a mask (if any) that is one row of slots per batch row
+    or one for all: ``(batch or 1, 1, 1, k_len)``, or fewer leading dimensions of size 1."""
     if (q.shape[-2] != 1 or q.device.type != "cpu" or bias is not None or dropout_p > 0
             or is_causal or not cpu_kernels.available()):
         return False
-    if any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
+    if any(t.dim() != 4 or t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
+        return False
+    if (k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3] or k.shape[-1] != q.shape[-1]
+            or q.shape[1] % k.shape[1]):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return False
-    return mask is None or (mask.dtype == torch.bool and mask.dim() == 4
-                            and mask.shape[1:3] == (1, 1) and mask.shape[3] == k.shape[-2]
-                            and mask.shape[0] in (1, q.shape[0]))
+    if mask is None:
+        return True
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    return (mask.dtype == torch.bool and mask.dim() <= 4 and shape[1:] == (1, 1, k.shape[-2])
+            and shape[0] in (1, q.shape[0]))
 
 
 def _composed_is_faster(q: Tensor, k_len: int) -> bool:

@@ -34,8 +34,9 @@ compiled for the CPU capability ATen reports (AVX2 code on AVX2 and AVX-512 x86,
 AVX2 emulation runs what an AVX2 laptop runs; portable vector code elsewhere) and threads
 with the OpenMP runtime torch itself loaded, never a second one (on macOS it runs on one
 thread: torch's libomp is not linked). Where it cannot be built (Windows: the source is
-GCC/Clang C++), or with ``ATTNLAB_CPU_KERNELS=0``, :func:`available` is False and the layers
-fall back to PyTorch's kernels (attention to its fused one), with one warning.
+GCC/Clang C++), :func:`available` is False and the layers fall back to PyTorch's kernels
+(attention to its fused one), with one warning; ``ATTNLAB_CPU_KERNELS=0`` asks for that
+fallback, without the warning.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ _LOCK = threading.Lock()
 
 def available() -> bool:
     """Whether attnlab's kernels are built and loaded (``torch.ops.attnlab.*``). The integer
-    layers and attention ask when they are made, so that a compiled graph only reads the
-    answer."""
+    layers ask when they are made, attention at each call, and :class:`CompiledStep` before it
+    compiles, so that a compiled graph only reads the answer."""
     global _LOADED
     if _LOADED is not None:  # (all a compiled graph traces: the lock is for the first call)
         return _LOADED

@@ -74,6 +74,8 @@ def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
     from attnlab.nn.quantized import Int4Linear, Int8Linear
 
     first = layers[0]
+    if not isinstance(first, (Int4Linear, Int8Linear)):  # a float layer, or LoRA over one
+        return None
     same = all(type(m) is type(first) and m.in_features == first.in_features
                and (m.bias is None) == (first.bias is None) for m in layers)
     if not same or isinstance(first, Int8Linear) and any(m.activations != "float"

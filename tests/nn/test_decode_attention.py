@@ -127,3 +127,19 @@ def test_bad_operands_are_refused_with_the_kernels_name():
         torch.ops.attnlab.decode_attention(q, k, v, torch.ones(1, 9, dtype=torch.bool), 1.0)
     with pytest.raises(RuntimeError, match="kv_heads must divide heads"):
         torch.ops.attnlab.decode_attention(q, k[:, :0], v[:, :0], None, 1.0)
+
+
+@built
+def test_only_a_mask_of_one_row_of_slots_per_batch_row_takes_the_kernel():
+    q, k, v = _case(2, 4, 2, 12, 8, 8, seed=6)
+    applies = attention._decoding_kernel_applies
+    assert applies(q, k, v, torch.ones(2, 1, 1, 12, dtype=torch.bool), None, 0.0, False)
+    assert applies(q, k, v, torch.ones(1, 12, dtype=torch.bool), None, 0.0, False)  # (q, k)
+    per_head = torch.rand(2, 4, 1, 12, generator=torch.Generator().manual_seed(1)) < 0.5
+    assert not applies(q, k, v, per_head, None, 0.0, False)
+    assert not applies(q, k, v, None, torch.zeros(1, 4, 1, 12), 0.0, False)  # a bias (ALiBi)
+    assert not applies(q.double(), k.double(), v.double(), None, None, 0.0, False)
+    assert not applies(q[0], k[0], v[0], None, None, 0.0, False)  # not (batch, heads, len, d)
+    got = scaled_dot_product_attention(q, k, v, mask=per_head)
+    want = attention._fused(q, k, v, per_head, None, 0.0, False, 8 ** -0.5)
+    torch.testing.assert_close(got, want)

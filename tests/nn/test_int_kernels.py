@@ -73,9 +73,11 @@ def _expand(t, group):
 
 
 @built
-@pytest.mark.parametrize("rows, group", [(1, 32), (3, 32), (2, 64), (4, 128)])
-def test_int4_meets_x_rounded_to_16_bits_per_32_inputs(rows, group):
-    x, codes, packed, scales, offsets = _int4_case(rows, 48, 256, group)
+@pytest.mark.parametrize("rows, group, in_features", [
+    (1, 32, 256), (3, 32, 256), (2, 64, 256), (4, 128, 256),
+    (1, 32, 576), (2, 64, 576)])  # 18 chunks: the loops' tails (SmolLM2's width)
+def test_int4_meets_x_rounded_to_16_bits_per_32_inputs(rows, group, in_features):
+    x, codes, packed, scales, offsets = _int4_case(rows, 48, in_features, group)
     y = torch.ops.attnlab.int4_matmul(x, packed, scales, offsets, group)
     assert y.dtype == torch.float32 and y.shape == (rows, 48)
     assert not y.isnan().any()
@@ -147,3 +149,50 @@ def test_bad_operands_are_refused_with_the_kernels_name():
     with pytest.raises(RuntimeError, match="scales must be float16"):
         torch.ops.attnlab.int4_matmul(torch.randn(1, 64), torch.zeros(16, 32, dtype=torch.uint8),
                                       torch.ones(16, 2), torch.ones(16, 2), 32)
+
+
+@built
+@pytest.mark.skipif(sys.platform != "linux" or not shutil.which(os.environ.get("CXX", "c++")),
+                    reason="no C++ compiler here")
+def test_the_portable_build_gives_the_same_numbers(tmp_path):
+    """ARM and other CPUs build the kernels without AVX2 (GCC/Clang vector code): built here
+    for ATen's default capability in a fresh process, int8, int4 (its own activation layout
+    and unpacking) and the decoding attention agree with this process's build."""
+    import subprocess
+
+    g = torch.Generator().manual_seed(7)
+    x8, codes8, scales8, _ = _int8_case(3, 40, 576, 32, seed=7)
+    x4, _, packed, scales4, offsets = _int4_case(3, 48, 576, 64, seed=7)
+    q, k, v = (torch.randn(2, 6, 1, 64, generator=g), torch.randn(2, 2, 40, 64, generator=g),
+               torch.randn(2, 2, 40, 64, generator=g))
+    allowed = torch.rand(2, 40, generator=g) < 0.6
+    ops = torch.ops.attnlab
+    operands = dict(x8=x8, codes8=codes8, scales8=scales8, x4=x4, packed=packed,
+                    scales4=scales4, offsets=offsets, q=q, k=k, v=v, allowed=allowed)
+    torch.save(operands, tmp_path / "operands.pt")
+    script = f"""
+import torch
+from attnlab.nn import cpu_kernels
+assert torch.backends.cpu.get_cpu_capability() == "DEFAULT"
+assert "-mavx2" not in cpu_kernels._flags()[0] and cpu_kernels.available()
+o = torch.load({str(tmp_path / "operands.pt")!r})
+ops = torch.ops.attnlab
+torch.save(dict(
+    int8=ops.int8_matmul(o["x8"], o["codes8"], o["scales8"], 32),
+    int4=ops.int4_matmul(o["x4"], o["packed"], o["scales4"], o["offsets"], 64),
+    attention=ops.decode_attention(o["q"], o["k"], o["v"], o["allowed"], 0.125)),
+    {str(tmp_path / "results.pt")!r})
+"""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default", ATTNLAB_CACHE_DIR=str(
+        cpu_kernels._cache_dir().parent))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = torch.load(tmp_path / "results.pt")
+    torch.testing.assert_close(theirs["int8"], ops.int8_matmul(x8, codes8, scales8, 32),
+                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(theirs["int4"], ops.int4_matmul(x4, packed, scales4, offsets, 64),
+                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(theirs["attention"],
+                               ops.decode_attention(q, k, v, allowed, 0.125),
+                               rtol=1e-5, atol=1e-6)
