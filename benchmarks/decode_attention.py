@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import platform
 import sys
 from pathlib import Path
 
@@ -28,15 +27,9 @@ def main() -> None:
     p.add_argument("--capacity", type=int, default=512)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from int_kernels import best
+    from int_kernels import best, machine_line
 
-    from attnlab.nn import cpu_kernels
-
-    if not cpu_kernels.available():
-        raise SystemExit("attnlab's CPU kernels could not be built here")
-    print(f"# {platform.processor() or platform.machine()}, "
-          f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
-          f"{args.threads} threads; capacity {args.capacity}, 9 heads, 3 kv heads of 64")
+    print(f"{machine_line(args.threads)}; capacity {args.capacity}, 9 heads, 3 kv heads of 64")
     print("| used slots | PyTorch SDPA µs | attnlab µs | ratio | max difference |")
     print("|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)

@@ -49,6 +49,17 @@ def best(fn, seconds: float = 0.2) -> float:
     return min(times)
 
 
+def machine_line(threads: int) -> str:
+    """The kernels built (or exit), and the line that says where the figures come from."""
+    from attnlab.nn import cpu_kernels
+
+    if not cpu_kernels.available():
+        raise SystemExit("attnlab's CPU kernels could not be built here")
+    return (f"# {platform.processor() or platform.machine()}, "
+            f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
+            f"{threads} threads")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -56,13 +67,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from llamacpp import bandwidth
 
-    from attnlab.nn import cpu_kernels
-
-    if not cpu_kernels.available():
-        raise SystemExit("attnlab's integer kernels could not be built here")
-    print(f"# {platform.processor() or platform.machine()}, "
-          f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
-          f"{args.threads} threads; matrix-vector bandwidth {bandwidth():.1f} GB/s")
+    print(f"{machine_line(args.threads)}; matrix-vector bandwidth {bandwidth():.1f} GB/s")
     print("| out × in | fp32 linear µs (GB/s) | int8 PyTorch µs (GB/s) | int8 attnlab µs (GB/s) "
           "| int4 PyTorch µs (GB/s) | int4 attnlab µs (GB/s) |")
     print("|---|---|---|---|---|---|")
