@@ -12,7 +12,7 @@
 //         x̂ = x rounded to 16 bits per 32 inputs, so that codes and activations meet in exact
 //         integer sums (converting every 4-bit code to float costs more than reading it).
 //
-// Groups are g consecutive inputs (int8: g a multiple of 16, g = K is one scale per channel;
+// Groups are g consecutive inputs (int8: any g that divides K, g = K is one scale per channel;
 // int4: g a multiple of 32).
 
 #include <ATen/Parallel.h>
