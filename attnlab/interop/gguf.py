@@ -12,7 +12,6 @@ llama.cpp's converter reorders the rows of W_Q and W_K from the "rotate half" Ro
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput, MissingDependency, MissingFile
+from attnlab.interop.gguf_read import GGUFFile
 from attnlab.models import GPT
 from attnlab.nn.rope_scaling import base_frequencies, scaled_frequencies
 
@@ -31,23 +31,6 @@ _LAYER = {
 }
 
 
-def _check_header(path: Path) -> None:
-    """The fixed header (magic, version, tensor and metadata counts) against the file's size:
-    a tensor info takes at least 33 bytes and a metadata entry 13, so counts a file cannot
-    hold are refused before any reader allocates for them."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if len(head) < 24 or head[:4] != b"GGUF":
-        raise BadInput(f"{path}: not a GGUF file (no GGUF header)")
-    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:])
-    if version not in (2, 3):
-        raise BadInput(f"{path}: GGUF version {version} is not supported (2 or 3)")
-    if n_tensors * 33 > size or n_kv * 13 > size:
-        raise BadInput(f"{path}: the header claims {n_tensors:,} tensors and {n_kv:,} metadata "
-                       f"entries, more than a file of {size:,} bytes can hold")
-
-
 def _reader(path: Path):
     try:
         import gguf
@@ -56,74 +39,20 @@ def _reader(path: Path):
                                 "(pip install 'attnlab[gguf]')") from None
     if not path.exists():
         raise MissingFile(f"GGUF file not found: {path}")
-    _check_header(path)
-    try:
-        return gguf, gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises several types on damaged files
-        raise BadInput(f"{path}: not a readable GGUF file ({e})") from None
+    return gguf, GGUFFile(path)
 
 
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-# GGUF metadata value types -> their size in bytes (8: a string, 9: an array, read apart)
-_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+def _field(reader: GGUFFile, key: str, default=None):
+    return reader.metadata.get(key, default)
 
 
 def metadata_string(path: str | os.PathLike, key: str) -> str | None:
     """One string of a GGUF file's metadata (``tokenizer.chat_template``), or None when the
-    file has none. Walks the metadata section alone, skipping arrays: the ``gguf`` package's
-    reader builds an array for each token first (2 s for SmolLM2's 49k tokens, this 0.1 s)."""
-    import mmap
-
-    path = Path(path)
-    if not path.exists():
-        raise MissingFile(f"GGUF file not found: {path}")
-    _check_header(path)
-
-    def string(at: int) -> tuple[bytes, int]:
-        (n,) = struct.unpack_from("<Q", buf, at)
-        if at + 8 + n > len(buf):
-            raise ValueError("a string runs past the end of the file")
-        return buf[at + 8:at + 8 + n], at + 8 + n
-
-    def skip(at: int, kind: int) -> int:  # the offset after one value of `kind`
-        if kind in _SCALAR_BYTES:
-            return at + _SCALAR_BYTES[kind]
-        if kind == 8:
-            return string(at)[1]
-        if kind != 9:
-            raise ValueError(f"unknown value type {kind}")
-        item, count = struct.unpack_from("<IQ", buf, at)
-        at += 12
-        if item in _SCALAR_BYTES:
-            return at + count * _SCALAR_BYTES[item]
-        if count > len(buf):  # every value takes at least a byte
-            raise ValueError(f"an array of {count:,} values in a file of {len(buf):,} bytes")
-        for _ in range(count):
-            at = skip(at, item)
-        return at
-
-    wanted = key.encode()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        try:
-            (n_kv,) = struct.unpack_from("<Q", buf, 16)
-            at = 24
-            for _ in range(n_kv):
-                name, at = string(at)
-                (kind,) = struct.unpack_from("<I", buf, at)
-                if name == wanted:
-                    if kind != 8:
-                        raise BadInput(f"{path}: metadata {key} is not a string")
-                    return string(at + 4)[0].decode("utf-8")
-                at = skip(at + 4, kind)
-        except (struct.error, ValueError, OverflowError, RecursionError) as e:  # (and Unicode)
-            if isinstance(e, BadInput):
-                raise
-            raise BadInput(f"{path}: damaged metadata ({e})") from None
-    return None
+    file has none."""
+    value = _field(_reader(Path(path))[1], key)
+    if value is not None and not isinstance(value, str):
+        raise BadInput(f"{path}: metadata {key} is not a string")
+    return value
 
 
 def _decimal(value) -> float:
@@ -146,10 +75,10 @@ def _read_config(reader, path: Path) -> ModelConfig:
     d = int(_field(reader, p + "embedding_length"))
     heads = int(_field(reader, p + "attention.head_count"))
     base = _decimal(_field(reader, p + "rope.freq_base", 10000.0))
-    tokens = reader.fields["tokenizer.ggml.tokens"]
+    tokens = _field(reader, "tokenizer.ggml.tokens", [])
     names = {t.name for t in reader.tensors}
     return ModelConfig(
-        arch="decoder", vocab_size=int(_field(reader, p + "vocab_size", len(tokens.data))),
+        arch="decoder", vocab_size=int(_field(reader, p + "vocab_size", len(tokens))),
         d_model=d, n_heads=heads,
         num_kv_heads=int(_field(reader, p + "attention.head_count_kv")),
         d_ff=int(_field(reader, p + "feed_forward_length")), n_encoder_layers=0,
@@ -261,6 +190,25 @@ def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
             torch.from_numpy(minimum.astype(np.float32)))
 
 
+def dequantize(gguf, t) -> torch.Tensor:
+    """A tensor's float32 values ``(out, in)``: Q4_1 and Q8_0 (SmolLM2's types) decoded here
+    in whole-array steps, the same numbers as the ``gguf`` package's ``dequantize``, which
+    takes 2 s over SmolLM2's blocks; other types by it. Q8_0's block is 34 bytes, a float16
+    scale then 32 int8 codes: ``W = scale · code``."""
+    kind = t.tensor_type
+    if kind == gguf.GGMLQuantizationType.Q4_1:
+        codes, scale, minimum = q4_1_codes(t.data)
+        rows, cols = codes.shape
+        return (codes.float().view(rows, -1, 32) * scale[..., None]
+                + minimum[..., None]).view(rows, cols)
+    if kind == gguf.GGMLQuantizationType.Q8_0 and t.data.ndim == 2:
+        blocks = t.data.reshape(t.data.shape[0], -1, 34)
+        scale = torch.from_numpy(blocks[..., :2].copy().view(np.float16)).float()
+        codes = torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).float()
+        return (codes * scale).view(t.data.shape[0], -1)
+    return torch.from_numpy(np.array(gguf.quants.dequantize(t.data, kind), dtype=np.float32))
+
+
 def load_gguf(path: str | os.PathLike, quantized: bool = False):
     """``(model, tokenizer)`` from a Llama GGUF file: weights dequantised to float32, or with
     ``quantized`` the Q4_1 matrices kept as 4-bit :class:`Int4Linear` layers and the rest in
@@ -281,8 +229,7 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
                 parts = tuple(_unpermute(p, heads) for p in parts)
             int4[f"blocks.layers.{i}.{_LAYER[kind]}"] = parts
             continue
-        w = torch.from_numpy(np.array(
-            gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        w = dequantize(gguf, t)
         if t.name == "token_embd.weight":
             state["embed.weight"] = w
         elif t.name == "output_norm.weight":

@@ -62,6 +62,20 @@ class PositionalEncoding(nn.Module):
         """(Re)compute the buffers that are functions of the constructor's arguments, never
         stored in a checkpoint: after ``to_empty`` on a model built on the ``meta`` device."""
 
+    def _register_tables(self, shapes: dict[str, tuple[int, ...]], make) -> None:
+        """Register the float32 tables ``make()`` returns (name -> tensor of ``shapes[name]``)
+        as buffers outside checkpoints, on the default device. On the ``meta`` device (a
+        model's skeleton) they are shapes only: computing them there would load seconds of
+        decompositions, and on the CPU could allocate what a damaged config claims."""
+        device = torch.get_default_device()
+        if device.type == "meta":
+            tables = {name: torch.empty(shape) for name, shape in shapes.items()}
+        else:
+            with torch.device("cpu"):
+                tables = {name: t.to(device) for name, t in make().items()}
+        for name, table in tables.items():
+            self.register_buffer(name, table, persistent=False)
+
 
 class NoPositionalEncoding(PositionalEncoding):
     """No position information at all (the model is then permutation-equivariant)."""
@@ -102,8 +116,8 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     def reset_buffers(self) -> None:
         # persistent=False: a function of (max_len, d_model), so it never goes in a checkpoint.
         max_len, d_model, split = self._args
-        self.register_buffer("pe", sinusoidal_table(max_len, d_model, split=split),
-                             persistent=False)
+        self._register_tables({"pe": (max_len, d_model)},
+                              lambda: {"pe": sinusoidal_table(max_len, d_model, split=split)})
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if not torch.compiler.is_compiling() and positions.max() >= self.pe.shape[0]:
@@ -153,10 +167,14 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
-        d_k, max_len, base, scaling = self._args
-        cos, sin = self._table(torch.arange(1 if self.dynamic else max_len), None)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        d_k, max_len = self._args[:2]
+        rows = 1 if self.dynamic else max_len
+
+        def tables():
+            cos, sin = self._table(torch.arange(rows), None)
+            return {"cos": cos, "sin": sin}
+
+        self._register_tables({"cos": (rows, d_k), "sin": (rows, d_k)}, tables)
 
     def _table(self, positions: Tensor, seq_len: int | None) -> tuple[Tensor, Tensor]:
         """cos and sin of pos·θ_i (times yarn's attention factor): ``(..., d_k)`` float32.
@@ -221,7 +239,8 @@ class ALiBiPositionalEncoding(PositionalEncoding):
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
-        self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
+        self._register_tables({"slopes": (self.n_heads,)},
+                              lambda: {"slopes": alibi_slopes(self.n_heads)})
 
     def attention_bias(self, q_pos: Tensor, k_len: int, k_pos: Tensor | None = None) -> Tensor:
         k_pos = trailing_keys(q_pos, k_len) if k_pos is None else k_pos

