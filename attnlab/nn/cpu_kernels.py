@@ -54,7 +54,9 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name(n) for n in ("int_kernels.cpp", "decode_attention.cpp")]
+_SOURCES = [Path(__file__).with_name(n)
+            for n in ("int_kernels.cpp", "float_kernels.cpp", "decode_attention.cpp")]
+_HEADERS = [Path(__file__).with_name("vectors.h")]  # (part of the cache key)
 
 
 def _openmp_runtime() -> str | None:
@@ -125,7 +127,7 @@ def _load() -> bool:
     if os.name == "nt":  # the source is GCC/Clang C++ (vector extensions), not MSVC's
         return _without("not built on Windows")
     cflags, ldflags = _flags()
-    parts = [*(f.read_text() for f in _SOURCES), torch.__version__, sys.platform,
+    parts = [*(f.read_text() for f in _SOURCES + _HEADERS), torch.__version__, sys.platform,
              platform.machine(), *cflags, *ldflags]
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     name = f"attnlab_kernels_{key}"
@@ -162,7 +164,7 @@ def _register_shapes() -> None:
     """What ``torch.compile`` needs to trace through the kernels: the output's shape
     (``register_fake`` from torch 2.4, ``impl_abstract`` before)."""
     register = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
-    for op in ("attnlab::int8_matmul", "attnlab::int4_matmul"):
+    for op in ("attnlab::int8_matmul", "attnlab::int4_matmul", "attnlab::float_matmul"):
         register(op)(_product_like)
     register("attnlab::decode_attention")(_attention_like)
 

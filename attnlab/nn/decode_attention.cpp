@@ -21,23 +21,16 @@
 #include <optional>
 #include <vector>
 
+#include "vectors.h"
+
 namespace {
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "attnlab decode attention: ", what); }
 
-typedef float f8 __attribute__((vector_size(32)));
-
-inline f8 load(const float* p) {
-  f8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store(float* p, f8 v) { std::memcpy(p, &v, sizeof v); }
-
-inline float lane_sum(f8 v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
+using attnlab::f8;
+using attnlab::lane_sum;
+using attnlab::load;
+using attnlab::store;
 
 inline float dot(const float* a, const float* b, int64_t n) {
   f8 lanes[2] = {};

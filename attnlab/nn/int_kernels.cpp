@@ -25,6 +25,8 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#include "vectors.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ATTNLAB_X86 1
 #include <immintrin.h>
@@ -51,17 +53,12 @@ void check_common(const at::Tensor& x, const at::Tensor& scales, at::ScalarType 
                             : "scales must be float16 (out, in / group)");
 }
 
-// Eight float lanes as one value (GCC/Clang vector extensions: one AVX2 register, two NEON
-// ones), so that the loops below are SIMD whatever the compiler's auto-vectoriser decides.
-typedef float f8 __attribute__((vector_size(32)));
+using attnlab::f8;
+using attnlab::i8;
+using attnlab::lane_sum;
+using attnlab::load;
+using attnlab::store;
 typedef int8_t s8x8 __attribute__((vector_size(8)));
-typedef int32_t i8 __attribute__((vector_size(32)));
-
-inline f8 load(const float* p) {
-  f8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 // 8 int8 codes to 8 floats
 #if defined(ATTNLAB_X86)
@@ -91,12 +88,6 @@ inline void group_dot(const int8_t* q, const float* x, int64_t g, float s, f8& l
   for (; k < g; ++k) tail += static_cast<float>(q[k]) * x[k];
   a[1][0] += tail;
   lanes += s * ((a[0] + a[1]) + (a[2] + a[3]));
-}
-
-inline void store(float* p, f8 v) { std::memcpy(p, &v, sizeof v); }
-
-inline float lane_sum(f8 v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,

@@ -2,8 +2,10 @@
 
     y = x · Wᵀ      x (rows, in), W (out, in)
 
-Stored input-major, ``W``'s memory holds ``Wᵀ`` row by row, so the product multiplies by a
-row-major ``(in, out)`` matrix. Shapes, values and parameter names do not change.
+Float32 layers on a CPU run attnlab's few-row kernel (:class:`KernelLinear`, row-major ``W``);
+where it cannot be built, PyTorch's one-row product reads ``W`` stored input-major faster:
+its memory holds ``Wᵀ`` row by row, a row-major ``(in, out)`` matrix. Shapes, values and
+parameter names do not change.
 
 Integer matrices that read the same input are stacked into one (:func:`fuse_projections_`):
 self-attention's ``[W_Q | W_K | W_V]`` and a gated feed-forward's ``[W₁ | W₃]``. The values are
@@ -14,30 +16,58 @@ the same; a decoded token makes 4 integer products a layer instead of 7 (each ca
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+
+
+class KernelLinear(nn.Linear):
+    """``nn.Linear`` whose few-row float32 products on a CPU (decoding: one token a sequence)
+    run attnlab's kernel (:mod:`attnlab.nn.cpu_kernels`), ``y = x · Wᵀ + b`` with each row of
+    ``W (out, in)`` read once for all the rows of ``x (…, in)``. On a 2-core AVX2 EPYC it read
+    SmolLM2's matrices 1.7–2x faster than PyTorch's one-row kernel, 3x with 4 rows
+    (docs/benchmarks.md). Anything else (more rows, a gradient to pass, another device or
+    dtype, a weight not row-major) is ``nn.Linear``'s own product; the values are the same
+    up to the order of the sums."""
+
+    ROWS = 8  # beyond this, PyTorch's GEMM reuses each weight better
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        if (x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.is_contiguous()
+                and x.numel() <= self.ROWS * w.shape[1]
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+            y = torch.ops.attnlab.float_matmul(x.reshape(-1, w.shape[1]).contiguous(), w,
+                                               self.bias)
+            return y.view(*x.shape[:-1], w.shape[0])
+        return super().forward(x)
 
 
 @torch.no_grad()
 def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
-    """Store every fp32 CPU ``nn.Linear`` weight input-major, in place; returns ``model``.
-    ``rows``: the sequences decoded together; input-major only for one (the matrix-vector
-    products), row-major for a batch, whose products PyTorch's kernels read faster row-major
-    (SmolLM2 fp32, 8 rows on a 2-core AVX2 EPYC: 80.2 tokens/s row-major, 63.1 input-major;
-    docs/benchmarks.md, "Batched decoding").
+    """Ready every fp32 CPU ``nn.Linear`` for decoding, in place; returns ``model``. Where
+    attnlab's CPU kernels are built, each becomes a :class:`KernelLinear` over a row-major
+    weight. Elsewhere (PyTorch's kernels): stored input-major for ``rows`` = 1 (the
+    matrix-vector products), row-major for a batch of ``rows`` > 1, whose products PyTorch
+    reads faster row-major (SmolLM2 fp32, 8 rows on a 2-core AVX2 EPYC: 80.2 tokens/s
+    row-major, 63.1 input-major; docs/benchmarks.md, "Batched decoding").
 
-    ``W (out, in)`` keeps its shape, values and name, but its memory holds Wᵀ row by row, so
-    ``x · Wᵀ`` multiplies by a row-major ``(in, out)`` matrix. For the one-row products of
-    decoding, PyTorch's fp32 CPU kernels read that layout faster (GPT-2 124M batch 1: 37 vs
-    29 tokens/s; docs/benchmarks.md). bf16 is the other way round, so other dtypes (and other
+    Input-major, ``W (out, in)`` keeps its shape, values and name, but its memory holds Wᵀ
+    row by row, so ``x · Wᵀ`` multiplies by a row-major ``(in, out)`` matrix; for one row
+    PyTorch's fp32 CPU kernels read that layout faster (GPT-2 124M batch 1: 37 vs 29
+    tokens/s; docs/benchmarks.md). bf16 is the other way round, so other dtypes (and other
     devices) are made row-major again, e.g. after ``.to(torch.bfloat16)`` kept the strides.
     A tied embedding shares the change (a one-row lookup does not mind). Saving still works:
-    both writers make tensors contiguous.
+    both writers make tensors contiguous, and the state dict's names and shapes are the same.
     """
+    from attnlab.nn import cpu_kernels
+
     for m in model.modules():
         if not isinstance(m, nn.Linear):
             continue
         w = m.weight
-        if rows == 1 and w.device.type == "cpu" and w.dtype == torch.float32:
+        fp32_cpu = w.device.type == "cpu" and w.dtype == torch.float32
+        if fp32_cpu and type(m) is nn.Linear and cpu_kernels.available():
+            m.__class__ = KernelLinear  # (the same module: its parameters, hooks, ties)
+        if fp32_cpu and rows == 1 and not isinstance(m, KernelLinear):
             if w.is_contiguous():
                 w.data = w.data.t().contiguous().t()
         elif not w.is_contiguous():
