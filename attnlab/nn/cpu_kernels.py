@@ -1,5 +1,6 @@
 """attnlab's own CPU kernels for decoding, compiled from C++ on first use and cached on disk:
-:mod:`attnlab.nn.quantized`'s layers call the integer matrix products for a few rows, and
+:mod:`attnlab.nn.quantized`'s layers call the integer matrix products for a few rows,
+:class:`attnlab.nn.layout.KernelLinear` the float one, and
 :func:`attnlab.nn.attention.scaled_dot_product_attention` the one-query attention.
 
 Why our own: on a CPU one decoded token reads every weight once, so the kernel must read
@@ -20,6 +21,10 @@ its codes at the memory's speed. PyTorch's int4 and int8 CPU kernels for one row
   2⁻¹⁵ of the chunk's largest input, against bf16's 2⁻⁹ of each input's own size (finer for
   inputs within 64x of their chunk's largest; on SmolLM2 the logits moved half as much as
   with bf16 activations; llama.cpp rounds ``x`` to 8 bits here, which moved them 4x more).
+
+``float_kernels.cpp``: ``float_matmul(x, weight, bias)``, ``y = x · Wᵀ + b`` for a few rows,
+``W (out, in)`` row-major float32, float16 or bfloat16 (widened to float32 as it is read), the
+sums in float32; :class:`attnlab.nn.layout.KernelLinear` calls it.
 
 ``decode_attention.cpp``: ``decode_attention(q, k, v, mask, scale)``, softmax attention of one
 query a row ``q (b, h, 1, d)`` over a float32 cache ``k, v (b, h_kv, slots, d)`` (grouped
