@@ -143,11 +143,12 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
                  precision: str = "fp32", integer: bool = False, rows: int = 1) -> nn.Module:
     """``model`` ready to decode on ``device``: its weights cast to ``precision`` (decoding reads
     every weight once per token, so half the bytes is what makes it faster) and, in fp32 on a
-    CPU decoding one sequence (``rows`` = 1), stored input-major (:func:`decoding_layout_`;
-    a batch of ``rows`` > 1 reads row-major faster). An ``integer`` model (``--int4``,
-    ``--int8``) keeps its integer matrices and the float dtype ``quantize`` gave the rest, runs
-    on the CPU only, gets an int8 output layer (:func:`integer_head`), and its Q/K/V and W₁/W₃
-    stacked into one product each (:func:`~attnlab.nn.layout.fuse_projections_`)."""
+    CPU, its linears on attnlab's few-row kernel (:func:`decoding_layout_`; where that cannot
+    be built, stored input-major for ``rows`` = 1 sequence, row-major for a batch). An
+    ``integer`` model (``--int4``, ``--int8``) keeps its integer matrices and the float dtype
+    ``quantize`` gave the rest, runs on the CPU only, gets an int8 output layer
+    (:func:`integer_head`), and its Q/K/V and W₁/W₃ stacked into one product each
+    (:func:`~attnlab.nn.layout.fuse_projections_`)."""
     if integer:
         if device is not None and torch.device(device).type != "cpu":
             raise BadInput(f"integer weights (--int4, --int8) run on the CPU only, not on "

@@ -43,7 +43,9 @@ def _reader(path: Path):
 
 
 def _field(reader: GGUFFile, key: str, default=None):
-    return reader.metadata.get(key, default)
+    """A metadata value; an array of numbers as a list (the reader keeps it a view until read)."""
+    value = reader.metadata.get(key, default)
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def metadata_string(path: str | os.PathLike, key: str) -> str | None:
@@ -191,12 +193,12 @@ def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def dequantize(gguf, t) -> torch.Tensor:
-    """A tensor's float32 values ``(out, in)``: Q4_1 and Q8_0 (SmolLM2's types) decoded here
-    in whole-array steps, the same numbers as the ``gguf`` package's ``dequantize``, which
-    takes 2 s over SmolLM2's blocks; other types by it. Q8_0's block is 34 bytes, a float16
-    scale then 32 int8 codes: ``W = scale · code``."""
+    """A tensor's float32 values, in the ``gguf`` package's shape (``(out, in)`` for a matrix):
+    Q4_1 and Q8_0 matrices (SmolLM2's) decoded here in whole-array steps, the same numbers as
+    the package's ``dequantize``, which takes 2 s over SmolLM2's blocks; anything else by it.
+    Q8_0's block is 34 bytes, a float16 scale then 32 int8 codes: ``W = scale · code``."""
     kind = t.tensor_type
-    if kind == gguf.GGMLQuantizationType.Q4_1:
+    if kind == gguf.GGMLQuantizationType.Q4_1 and t.data.ndim == 2:
         codes, scale, minimum = q4_1_codes(t.data)
         rows, cols = codes.shape
         return (codes.float().view(rows, -1, 32) * scale[..., None]
@@ -268,11 +270,9 @@ def gguf_tokenizer(reader, config: ModelConfig, path: Path):
     named."""
     from attnlab.tokenizers.bpe import BPETokenizer
 
-    try:
-        lists = [_field(reader, f"tokenizer.ggml.{name}") for name in ("tokens", "merges")]
-        pre = _field(reader, "tokenizer.ggml.pre")
-    except ValueError as e:  # strings that are not UTF-8
-        raise BadInput(f"{path}: malformed tokenizer metadata ({e})") from None
+    # (strings that are not UTF-8 were refused when the file was read)
+    lists = [_field(reader, f"tokenizer.ggml.{name}") for name in ("tokens", "merges")]
+    pre = _field(reader, "tokenizer.ggml.pre")
     if not all(isinstance(x, list) and all(isinstance(t, str) for t in x) for x in lists):
         raise BadInput(f"{path}: tokenizer.ggml.tokens and tokenizer.ggml.merges must be lists "
                        "of strings (only byte-level BPE tokenizers are read)")

@@ -48,17 +48,20 @@ class GGUFTensor:
 
 
 class GGUFFile:
-    """A GGUF file's ``metadata`` (key -> int, float, bool, str or list) and ``tensors`` (in
-    file order). The tensors' data are views of a read-only memory map, valid while this
-    object lives."""
+    """A GGUF file's ``metadata`` (key -> int, float, bool, str, list of str, or a read-only
+    NumPy array of numbers) and ``tensors`` (in file order). Arrays of numbers and the
+    tensors' data are views of a read-only memory map, valid while this object lives."""
 
     def __init__(self, path: str | Path):
         import gguf  # (the tensor types' names and block sizes)
 
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            size = self.path.stat().st_size
-            self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        try:
+            with open(self.path, "rb") as f:
+                size = self.path.stat().st_size
+                self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except OSError as e:  # a folder, no permission
+            raise BadInput(f"{self.path}: cannot be read ({e.strerror or e})") from None
         self._at, self._part = 0, "header"  # (the part being read, for the error)
         try:
             self._read(gguf)
@@ -89,11 +92,11 @@ class GGUFFile:
         if kind != 9:
             raise ValueError(f"unknown metadata value type {kind}")
         item, count = self._unpack("<I"), self._unpack("<Q")
-        if item in _NUMPY:  # a block of numbers: one view, then Python values
+        if item in _NUMPY:  # a block of numbers: a read-only view of the file, no copy
             width = np.dtype(_NUMPY[item]).itemsize
             if count * width > len(self._buf) - self._at:
                 raise ValueError(f"an array of {count:,} numbers runs past the end of the file")
-            values = np.frombuffer(self._buf, _NUMPY[item], count, self._at).tolist()
+            values = np.frombuffer(self._buf, _NUMPY[item], count, self._at)
             self._at += count * width
             return values
         if count > len(self._buf) - self._at:  # every value takes at least a byte
@@ -131,13 +134,13 @@ class GGUFFile:
             infos.append((name, shape, self._unpack("<I"), self._unpack("<Q")))
         alignment = self.metadata.get("general.alignment", 32)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise ValueError(f"general.alignment={alignment!r} is not a power of two")
+            raise ValueError(f"general.alignment={str(alignment)[:40]} is not a power of two")
         start = -(-self._at // alignment) * alignment
-        self.tensors = [self._tensor(gguf, start, *info) for info in infos]
+        self.tensors = [self._tensor(gguf, start, alignment, *info) for info in infos]
         if len({t.name for t in self.tensors}) != len(self.tensors):
             raise ValueError("a tensor name appears twice")
 
-    def _tensor(self, gguf, start: int, name: str, shape: tuple, kind: int,
+    def _tensor(self, gguf, start: int, alignment: int, name: str, shape: tuple, kind: int,
                 offset: int) -> GGUFTensor:
         try:
             ggml_type = gguf.GGMLQuantizationType(kind)
@@ -151,6 +154,9 @@ class GGUFFile:
         for n in shape[1:]:
             rows *= n
         row_bytes = shape[0] // block * type_size
+        if offset % alignment:
+            raise ValueError(f"tensor {name!r} starts at {offset}, not a multiple of the "
+                             f"alignment {alignment}")
         at = start + offset
         if at + rows * row_bytes > len(self._buf):
             raise ValueError(f"tensor {name!r} runs past the end of the file")

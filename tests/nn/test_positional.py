@@ -102,3 +102,30 @@ def test_alibi_bias_is_minus_slope_times_distance():
     assert torch.allclose(bias[0, 0], -dist / 16) and torch.allclose(bias[0, 1], -dist / 256)
     # one cached step: the query at position 2 against keys 0..2 is the last row
     assert torch.allclose(enc.attention_bias(torch.tensor([2]), 3)[0, :, 0], bias[0, :, 2])
+
+
+def test_tables_on_the_meta_device_are_shapes_and_elsewhere_the_cpu_tables():
+    """A skeleton (built under ``torch.device("meta")``) holds float32 tables of the right
+    shape and no values, even for a length no memory could hold; on the CPU, and after
+    ``reset_buffers``, the tables are the formulas' (RoPE: cos of pos·θ, sinusoidal: sin of
+    pos·ω at even features, ALiBi: 2^(−8h/H))."""
+    with torch.device("meta"):
+        huge = [RotaryPositionalEncoding(64, max_len=2**40), SinusoidalPositionalEncoding(
+            16, max_len=2**40), ALiBiPositionalEncoding(4)]
+    assert [tuple(b.shape) for m in huge for b in m.buffers()] == [
+        (2**40, 64), (2**40, 64), (2**40, 16), (4,)]
+    assert all(b.is_meta and b.dtype == torch.float32 for m in huge for b in m.buffers())
+    rope, sinusoidal, alibi = (RotaryPositionalEncoding(8, max_len=5),
+                               SinusoidalPositionalEncoding(6, max_len=5),
+                               ALiBiPositionalEncoding(4))
+    theta = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    assert torch.allclose(rope.cos[3, :4].double(), torch.cos(3 * theta), atol=1e-7)
+    assert torch.allclose(sinusoidal.pe[2, 0::2].double(),
+                          torch.sin(2 * 10000.0 ** (-torch.arange(0, 6, 2) / 6).double()),
+                          atol=1e-6)
+    assert torch.allclose(alibi.slopes, 2.0 ** (-8 * torch.arange(1, 5) / 4))
+    with torch.device("meta"):
+        small = RotaryPositionalEncoding(8, max_len=5)
+    small.to_empty(device="cpu")
+    small.reset_buffers()
+    assert torch.equal(small.cos, rope.cos) and torch.equal(small.sin, rope.sin)
