@@ -146,20 +146,19 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
     CPU, its linears on attnlab's few-row kernel (:func:`decoding_layout_`; where that cannot
     be built, stored input-major for ``rows`` = 1 sequence, row-major for a batch). An
     ``integer`` model (``--int4``, ``--int8``) keeps its integer matrices and the float dtype
-    ``quantize`` gave the rest, runs on the CPU only, gets an int8 output layer
-    (:func:`integer_head`), and its Q/K/V and W₁/W₃ stacked into one product each
-    (:func:`~attnlab.nn.layout.fuse_projections_`)."""
+    ``quantize`` gave the rest, runs on the CPU only, and gets an int8 output layer
+    (:func:`integer_head`). Integer and kernel layers have their Q/K/V and W₁/W₃ stacked into
+    one product each (:func:`~attnlab.nn.layout.fuse_projections_`)."""
     if integer:
         if device is not None and torch.device(device).type != "cpu":
             raise BadInput(f"integer weights (--int4, --int8) run on the CPU only, not on "
                            f"{device}")
         integer_head(model)
-        fuse_projections_(model)
     else:
         from attnlab.hardware import DTYPES
 
         model = model.to(device=device, dtype=DTYPES[precision])
-    return decoding_layout_(model, rows)
+    return fuse_projections_(decoding_layout_(model, rows))  # (after: fp32 is KernelLinear)
 
 
 def integer_head(model: nn.Module) -> None:

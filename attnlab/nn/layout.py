@@ -7,10 +7,11 @@ where it cannot be built, PyTorch's one-row product reads ``W`` stored input-maj
 its memory holds ``Wᵀ`` row by row, a row-major ``(in, out)`` matrix. Shapes, values and
 parameter names do not change.
 
-Integer matrices that read the same input are stacked into one (:func:`fuse_projections_`):
-self-attention's ``[W_Q | W_K | W_V]`` and a gated feed-forward's ``[W₁ | W₃]``. The values are
-the same; a decoded token makes 4 integer products a layer instead of 7 (each call rounds its
-``x`` and starts its threads).
+Matrices that read the same input are stacked into one (:func:`fuse_projections_`):
+self-attention's ``[W_Q | W_K | W_V]`` and a gated feed-forward's ``[W₁ | W₃]``, for the integer
+layers and for :class:`KernelLinear`. The kernels compute each output row on its own, so the
+values are the same; a decoded token makes 4 products a layer instead of 7 (each call is a
+dispatch from the compiled graph's Python wrapper, rounds its ``x`` or starts its threads).
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
 
 def fuse_projections_(model: nn.Module) -> nn.Module:
     """Stack each self-attention's Q, K, V and each gated feed-forward's W₁, W₃ into one
-    integer layer (:func:`stack_rows`), in place; returns ``model``.
-    Float layers, adapters and cross-attention stay as they are. Names change (``qkv``,
-    ``w13``): a copy for decoding, not one to save."""
+    layer (:func:`stack_rows`: integer layers and :class:`KernelLinear`), in place; returns
+    ``model``. Plain ``nn.Linear``, adapters and cross-attention stay as they are. Names change
+    (``qkv``, ``w13``): a copy for decoding, not one to save."""
     from attnlab.nn.feedforward import FeedForward
     from attnlab.nn.multihead import MultiHeadAttention
 
@@ -114,15 +115,18 @@ def fuse_projections_(model: nn.Module) -> nn.Module:
 
 
 def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
-    """One integer layer whose output is ``[y₁ | y₂ | …]``, the ``layers``' outputs side by
-    side (their rows stacked), or None where they are not all :class:`Int4Linear` of one group
-    size and width, or all float-activation :class:`Int8Linear`, over the same inputs. The
-    kernels compute each output row on its own, so every value is what the layer gave alone:
-    decoding then rounds ``x`` once, and pays one call, for Q, K and V (or W₁ and W₃)."""
+    """One layer whose output is ``[y₁ | y₂ | …]``, the ``layers``' outputs side by side
+    (their rows stacked), or None where they are not all :class:`Int4Linear` of one group
+    size and width, all float-activation :class:`Int8Linear`, or all float32 CPU
+    :class:`KernelLinear`, over the same inputs. The kernels compute each output row on its
+    own, so every value is what the layer gave alone: decoding then pays one call (and rounds
+    ``x`` once) for Q, K and V (or W₁ and W₃). A plain ``nn.Linear`` is not stacked: a float
+    GEMM may round each row its own way for another width, and PyTorch's one-row kernel
+    gains nothing."""
     from attnlab.nn.quantized import Int4Linear, Int8Linear
 
     first = layers[0]
-    if not isinstance(first, (Int4Linear, Int8Linear)):  # a float layer, or LoRA over one
+    if not isinstance(first, (Int4Linear, Int8Linear, KernelLinear)):  # or LoRA over one
         return None
     same = all(type(m) is type(first) and m.in_features == first.in_features
                and (m.bias is None) == (first.bias is None) for m in layers)
@@ -130,6 +134,8 @@ def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
                                                          for m in layers):
         return None
     out_features = sum(m.out_features for m in layers)
+    if isinstance(first, KernelLinear):
+        return _stack_float(layers, out_features)
     if isinstance(first, Int4Linear):
         if any((m.group_size, m.bits) != (first.group_size, first.bits) for m in layers):
             return None
@@ -146,4 +152,21 @@ def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
         setattr(fused, name, torch.cat([getattr(m, name) for m in layers]))
     if first.bias is not None:
         fused.bias.data = torch.cat([m.bias.detach() for m in layers])
+    return fused
+
+
+def _stack_float(layers: list[KernelLinear], out_features: int) -> KernelLinear | None:
+    """:func:`stack_rows` of float32 CPU :class:`KernelLinear` layers (their weights and biases
+    concatenated, row-major as the kernel reads them), or None for any other dtype or device."""
+    first = layers[0]
+    tensors = [t for m in layers for t in (m.weight, m.bias) if t is not None]
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        return None
+    fused = KernelLinear(first.in_features, out_features, bias=first.bias is not None,
+                         device="meta")  # (no memory until the stacked values arrive)
+    fused.weight = nn.Parameter(torch.cat([m.weight.detach() for m in layers]),
+                                requires_grad=first.weight.requires_grad)
+    if first.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([m.bias.detach() for m in layers]),
+                                  requires_grad=first.bias.requires_grad)
     return fused

@@ -1,12 +1,12 @@
-"""attnlab.nn.layout: the few-row float kernel's layer (the rest of decoding_layout_ is tested
-with generation, tests/generation/test_generate.py; stack_rows with the integer layers,
-tests/nn/test_quantized.py)."""
+"""attnlab.nn.layout: the few-row float kernel's layer and stacking it (the rest of
+decoding_layout_ is tested with generation, tests/generation/test_generate.py; stack_rows with
+the integer layers, tests/nn/test_quantized.py)."""
 
 import pytest
 import torch
 
 from attnlab.nn import cpu_kernels
-from attnlab.nn.layout import KernelLinear
+from attnlab.nn.layout import KernelLinear, stack_rows
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason="attnlab's CPU kernels are not built here")
@@ -76,3 +76,66 @@ def test_the_float_kernel_widens_16_bit_weights(dtype):
     got = torch.ops.attnlab.float_matmul(x, w, b)
     exact = (x.double() @ w.double().t() + b.double()).float()
     assert torch.allclose(got, exact, atol=1e-5, rtol=1e-5)
+
+
+# --- stacked float projections (fuse_projections_ over KernelLinear) -------------------------
+def _kernel_layers(sizes, bias: bool, in_features: int = 83) -> list[KernelLinear]:
+    layers = [torch.nn.Linear(in_features, n, bias=bias) for n in sizes]
+    for m in layers:
+        m.__class__ = KernelLinear
+    return layers
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_stacked_kernel_layers_give_each_layers_outputs_bit_for_bit(bias):
+    """Each output row is its own sum in the kernel, so the stacked layer's few-row outputs are
+    the layers' own, bit for bit; more rows take nn.Linear's GEMM (the same up to rounding)."""
+    torch.manual_seed(0)
+    layers = _kernel_layers([45, 13, 13], bias)
+    fused = stack_rows(layers)
+    assert type(fused) is KernelLinear and fused.weight.shape == (71, 83)
+    assert (fused.bias is None) == (not bias) and fused.weight.is_contiguous()
+    with torch.no_grad():
+        for x in (torch.randn(1, 83), torch.randn(2, 3, 83), torch.randn(8, 83)):
+            assert torch.equal(fused(x), torch.cat([m(x) for m in layers], -1))
+        x = torch.randn(40, 83)
+        torch.testing.assert_close(fused(x), torch.cat([m(x) for m in layers], -1))
+
+
+def test_kernel_layers_that_cannot_share_a_product_are_not_stacked():
+    a, b = _kernel_layers([16, 16], bias=False)
+    (c,) = _kernel_layers([16], bias=True)
+    (d,) = _kernel_layers([16], bias=False, in_features=40)
+    assert stack_rows([a, c]) is None  # a bias on one only
+    assert stack_rows([a, d]) is None  # another input width
+    assert stack_rows([a, torch.nn.Linear(83, 16, bias=False)]) is None  # another kind
+    assert stack_rows([a.bfloat16(), b.bfloat16()]) is None  # the kernel's layers are fp32
+
+
+def test_for_decoding_stacks_a_float_llamas_projections_and_decodes_the_same_logits():
+    """fp32 for_decoding: 4 kernel products a layer instead of 7 (one qkv, one w13), the
+    prompt's and each cached step's logits bit for bit those of the unstacked layout."""
+    from attnlab.config import ModelConfig
+    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.models import GPT
+    from attnlab.nn.layout import decoding_layout_
+
+    torch.manual_seed(0)
+    config = ModelConfig.from_preset("llama-mini", n_decoder_layers=2, d_ff=96)
+    model = GPT(config).eval()
+    plain = decoding_layout_(GPT(config).eval())
+    plain.load_state_dict(model.state_dict())
+    model = for_decoding(model, "cpu", "fp32")
+    layer = model.blocks.layers[0]
+    assert layer.self_attn.fused_qkv and layer.ffn.w1 is None and layer.ffn.w3 is None
+    assert isinstance(layer.self_attn.qkv, KernelLinear)
+    assert isinstance(layer.ffn.w13, KernelLinear)
+    ids = torch.randint(0, config.vocab_size, (1, 6))
+    with torch.no_grad():
+        logits = {}
+        for name, m in (("stacked", model), ("plain", plain)):
+            cache = m.new_cache()
+            logits[name] = [m(ids, cache=cache)[:, -1]] + [
+                m(ids[:, i:i + 1], cache=cache)[:, -1] for i in range(4)]
+    for a, b in zip(logits["stacked"], logits["plain"], strict=True):
+        assert torch.equal(a, b)
