@@ -13,7 +13,12 @@ no longer counts), the time of ``y = x · Ŵᵀ`` for one row ``x`` by:
 Each figure is the best of 7 runs; GB/s counts the bytes each kernel reads (codes and scales).
 The machine's matrix-vector bandwidth is measured as ``benchmarks/llamacpp.py`` does.
 
-    .venv/bin/python benchmarks/int_kernels.py [--threads 2]
+``--model-pass`` times instead what one decoded token of an int4 SmolLM2 asks of the int4
+kernel: one row through each of its 120 matrices as ``for_decoding`` stacks them (Q/K/V 960 ×
+576, output 576 × 576, W₁/W₃ 3072 × 576, W₂ 576 × 1536; 66 MB, past the caches), one thread
+and ``--threads``, best of 9 passes.
+
+    .venv/bin/python benchmarks/int_kernels.py [--threads 2] [--model-pass]
 """
 
 from __future__ import annotations
@@ -60,14 +65,49 @@ def machine_line(threads: int) -> str:
             f"{threads} threads")
 
 
+def model_pass(threads: int) -> None:
+    """One row through each of an int4 SmolLM2's 120 stacked matrices, at 1 and ``threads``."""
+    layer = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+    g = torch.Generator().manual_seed(0)
+    matrices = []
+    for out_f, in_f in layer * 30:
+        packed = torch.randint(0, 256, (out_f, in_f // 2), generator=g, dtype=torch.uint8)
+        s4 = (torch.rand(out_f, in_f // 32, generator=g) / 100).half()
+        matrices.append((packed, s4, s4.clone()))
+    nbytes = sum(p.numel() + s.numel() * 4 for p, s, _ in matrices)
+    xs = {k: torch.randn(1, k, generator=g) for k in (576, 1536)}
+    op = torch.ops.attnlab.int4_matmul
+
+    def one() -> None:
+        for packed, s4, b4 in matrices:
+            op(xs[packed.shape[1] * 2], packed, s4, b4, 32)
+
+    print(f"int4 kernel, one token's 120 matrices of SmolLM2 ({nbytes / 1e6:.1f} MB):")
+    for n in sorted({1, threads}):
+        torch.set_num_threads(n)
+        one()
+        times = []
+        for _ in range(9):
+            begun = time.perf_counter()
+            one()
+            times.append(time.perf_counter() - begun)
+        t = min(times)
+        print(f"  {n} thread(s): {t * 1e3:.2f} ms a pass, {nbytes / t / 1e9:.1f} GB/s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--model-pass", action="store_true",
+                   help="one token's worth of int4 SmolLM2 products instead of each shape")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from llamacpp import bandwidth
 
     print(f"{machine_line(args.threads)}; matrix-vector bandwidth {bandwidth():.1f} GB/s")
+    if args.model_pass:
+        model_pass(args.threads)
+        return
     print("| out × in | fp32 linear µs (GB/s) | int8 PyTorch µs (GB/s) | int8 attnlab µs (GB/s) "
           "| int4 PyTorch µs (GB/s) | int4 attnlab µs (GB/s) |")
     print("|---|---|---|---|---|---|")
