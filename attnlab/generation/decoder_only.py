@@ -148,7 +148,9 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
     ``integer`` model (``--int4``, ``--int8``) keeps its integer matrices and the float dtype
     ``quantize`` gave the rest, runs on the CPU only, and gets an int8 output layer
     (:func:`integer_head`). Integer and kernel layers have their Q/K/V and W₁/W₃ stacked into
-    one product each (:func:`~attnlab.nn.layout.fuse_projections_`)."""
+    one product each (:func:`~attnlab.nn.layout.fuse_projections_`). ``model`` is changed in
+    place and its names change (``qkv``, ``w13``): a model for decoding, not one to save or to
+    add adapters to."""
     if integer:
         if device is not None and torch.device(device).type != "cpu":
             raise BadInput(f"integer weights (--int4, --int8) run on the CPU only, not on "

@@ -119,10 +119,12 @@ def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
     (their rows stacked), or None where they are not all :class:`Int4Linear` of one group
     size and width, all float-activation :class:`Int8Linear`, or all float32 CPU
     :class:`KernelLinear`, over the same inputs. The kernels compute each output row on its
-    own, so every value is what the layer gave alone: decoding then pays one call (and rounds
-    ``x`` once) for Q, K and V (or W₁ and W₃). A plain ``nn.Linear`` is not stacked: a float
-    GEMM may round each row its own way for another width, and PyTorch's one-row kernel
-    gains nothing."""
+    own, so every value is what the layer gave alone (for ``KernelLinear``, up to its
+    ``ROWS`` rows: a longer prompt runs PyTorch's GEMM, which may round a stacked matrix's
+    rows differently): decoding then pays one call (and rounds ``x`` once) for Q, K and V (or
+    W₁ and W₃). A plain ``nn.Linear`` is not stacked: its one-row layout is input-major
+    (:func:`decoding_layout_`), whose rows cannot simply be concatenated, and PyTorch's GEMM
+    gives no promise of the same values."""
     from attnlab.nn.quantized import Int4Linear, Int8Linear
 
     first = layers[0]
@@ -169,4 +171,4 @@ def _stack_float(layers: list[KernelLinear], out_features: int) -> KernelLinear 
     if first.bias is not None:
         fused.bias = nn.Parameter(torch.cat([m.bias.detach() for m in layers]),
                                   requires_grad=first.bias.requires_grad)
-    return fused
+    return fused.train(first.training)

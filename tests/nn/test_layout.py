@@ -130,6 +130,7 @@ def test_for_decoding_stacks_a_float_llamas_projections_and_decodes_the_same_log
     assert layer.self_attn.fused_qkv and layer.ffn.w1 is None and layer.ffn.w3 is None
     assert isinstance(layer.self_attn.qkv, KernelLinear)
     assert isinstance(layer.ffn.w13, KernelLinear)
+    assert not layer.self_attn.qkv.training and not layer.ffn.w13.training  # as the model
     ids = torch.randint(0, config.vocab_size, (1, 6))
     with torch.no_grad():
         logits = {}
