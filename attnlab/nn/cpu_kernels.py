@@ -27,9 +27,10 @@ its codes at the memory's speed. PyTorch's int4 and int8 CPU kernels for one row
 sums in float32; :class:`attnlab.nn.layout.KernelLinear` calls it.
 
 ``decode_attention.cpp``: ``decode_attention(q, k, v, mask, scale)``, softmax attention of one
-query a row ``q (b, h, 1, d)`` over a float32 cache ``k, v (b, h_kv, slots, d)`` (grouped
-queries), ``mask (b or 1, slots)`` boolean, True = may attend. It stops at each row's last
-allowed slot, so a static cache's empty tail is never read; a row with none gives zeros.
+query a row ``q (b, h, 1, d)`` over a cache ``k, v (b, h_kv, slots, d)`` (grouped queries;
+float32, bfloat16 or float16, one dtype, the sums in float32), ``mask (b or 1, slots)``
+boolean, True = may attend. It stops at each row's last allowed slot, so a static cache's
+empty tail is never read; a row with none gives zeros.
 
 Building needs the C++ compiler that ``torch.compile`` needs too; about 15 s, once per
 machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``, else the

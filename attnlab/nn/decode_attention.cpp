@@ -8,6 +8,9 @@
 // exponentials). It reads only the slots up to the last allowed one: a static cache of 512
 // slots a fifth full costs a fifth of its bytes, where PyTorch's fused kernel reads them all
 // (and the masked slots among them are skipped too).
+// q, k and v are float32, bfloat16 or float16 (one dtype): 16-bit values are widened as they
+// are read (a bf16 cache is half the bytes), the scores, softmax and sums are float32, and the
+// output is rounded to that dtype once.
 // A row with no allowed slot gives zeros (attnlab's convention for fully masked rows); a NaN
 // score gives NaNs, as the softmax would.
 
@@ -19,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "vectors.h"
@@ -31,44 +35,101 @@ using attnlab::f8;
 using attnlab::lane_sum;
 using attnlab::load;
 using attnlab::store;
+using attnlab::widen;
 
-inline float dot(const float* a, const float* b, int64_t n) {
+// Σ_i a[i] · b[i], a in float32 (the query), b as stored (a key row)
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
   f8 lanes[2] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    lanes[0] += load(a + i) * load(b + i);
-    lanes[1] += load(a + i + 8) * load(b + i + 8);
+    lanes[0] += load(a + i) * widen(b + i);
+    lanes[1] += load(a + i + 8) * widen(b + i + 8);
   }
-  for (; i + 8 <= n; i += 8) lanes[0] += load(a + i) * load(b + i);
+  for (; i + 8 <= n; i += 8) lanes[0] += load(a + i) * widen(b + i);
   float rest = 0;
-  for (; i < n; ++i) rest += a[i] * b[i];
+  for (; i < n; ++i) rest += a[i] * static_cast<float>(b[i]);
   return lane_sum(lanes[0] + lanes[1]) + rest;
 }
 
-// out[0 … n) = Σ_i p[i] · v[slot[i]][0 … n): the sum kept in registers when n is a known
-// width (N > 0; 64 and 128, the usual head widths), in memory otherwise
-template <int N>
-void weighted_sum(const float* p, const int64_t* slot, int64_t count, const float* v,
+// out[0 … n) = Σ_i p[i] · v[slot[i]][0 … n) in float32: the sum kept in registers when n is a
+// known width (N > 0; 64 and 128, the usual head widths), in memory otherwise
+template <int N, typename T>
+void weighted_sum(const float* p, const int64_t* slot, int64_t count, const T* v,
                   int64_t stride, float* out, int64_t n) {
   if constexpr (N > 0) {
     f8 acc[N / 8] = {};
     for (int64_t i = 0; i < count; ++i) {
-      const float* row = v + slot[i] * stride;
-      for (int u = 0; u < N / 8; ++u) acc[u] += p[i] * load(row + 8 * u);
+      const T* row = v + slot[i] * stride;
+      for (int u = 0; u < N / 8; ++u) acc[u] += p[i] * widen(row + 8 * u);
     }
     for (int u = 0; u < N / 8; ++u) store(out + 8 * u, acc[u]);
   } else {
     std::fill(out, out + n, 0.f);
     for (int64_t i = 0; i < count; ++i)
-      for (int64_t e = 0; e < n; ++e) out[e] += p[i] * v[slot[i] * stride + e];
+      for (int64_t e = 0; e < n; ++e) out[e] += p[i] * static_cast<float>(v[slot[i] * stride + e]);
   }
+}
+
+// The attention of every (row, head) for tensors stored as T; the sums and the softmax in
+// float32, the output rounded to T once at the end
+template <typename T>
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* allowed,
+            int64_t mask_rows, float s, at::Tensor& out) {
+  const int64_t batch = q.size(0), heads = q.size(1), kv_heads = k.size(1);
+  const int64_t slots = k.size(2), d = q.size(3), dv = v.size(3);
+  const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t group = heads / kv_heads;
+  const int64_t qb = q.stride(0), qh = q.stride(1), kb = k.stride(0), kh = k.stride(1);
+  const int64_t kj = k.stride(2), vb = v.stride(0), vh = v.stride(1), vj = v.stride(2);
+  auto sum = dv == 64    ? weighted_sum<64, T>
+             : dv == 128 ? weighted_sum<128, T>
+                         : weighted_sum<0, T>;
+  at::parallel_for(0, batch * heads, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> p(slots), query(d), result(dv);
+    std::vector<int64_t> slot(slots);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / heads, h = t % heads, g = h / group;
+      const T* qr = qp + b * qb + h * qh;
+      const T* kr = kp + b * kb + g * kh;
+      const T* vr = vp + b * vb + g * vh;
+      const bool* row = allowed == nullptr ? nullptr : allowed + (mask_rows == 1 ? 0 : b) * slots;
+      int64_t count = 0;  // the allowed slots, in order
+      for (int64_t j = 0; j < slots; ++j)
+        if (row == nullptr || row[j]) slot[count++] = j;
+      T* o = op + t * dv;
+      if (count == 0) {  // nothing to attend to: zeros
+        std::fill(o, o + dv, T(0.f));
+        continue;
+      }
+      for (int64_t e = 0; e < d; ++e) query[e] = static_cast<float>(qr[e]);
+      for (int64_t i = 0; i < count; ++i) p[i] = s * dot(query.data(), kr + slot[i] * kj, d);
+      float top = p[0];
+      for (int64_t i = 1; i < count; ++i) top = p[i] > top ? p[i] : top;
+      float total = 0;
+      for (int64_t i = 0; i < count; ++i) total += p[i] = std::exp(p[i] - top);
+      const float inverse = 1 / total;
+      for (int64_t i = 0; i < count; ++i) p[i] *= inverse;
+      if constexpr (std::is_same_v<T, float>) {
+        sum(p.data(), slot.data(), count, vr, vj, o, dv);
+      } else {
+        sum(p.data(), slot.data(), count, vr, vj, result.data(), dv);
+        for (int64_t e = 0; e < dv; ++e) o[e] = static_cast<T>(result[e]);
+      }
+    }
+  });
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, double scale) {
+  const at::ScalarType dtype = q.scalar_type();
+  check(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+        "q must be float32, bfloat16 or float16");
   for (const at::Tensor* t : {&q, &k, &v})
-    check(t->dim() == 4 && t->scalar_type() == at::kFloat && t->is_cpu() && t->stride(3) == 1,
-          "q, k and v must be float32 (batch, heads, len, dim) CPU tensors, rows contiguous");
+    check(t->dim() == 4 && t->scalar_type() == dtype && t->is_cpu() && t->stride(3) == 1,
+          "q, k and v must be (batch, heads, len, dim) CPU tensors of one dtype, rows "
+          "contiguous");
   const int64_t batch = q.size(0), heads = q.size(1), kv_heads = k.size(1);
   const int64_t slots = k.size(2), d = q.size(3), dv = v.size(3);
   check(q.size(2) == 1, "one query a row");
@@ -86,40 +147,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     mask_rows = mask->size(0);
   }
   at::Tensor out = at::empty({batch, heads, 1, dv}, q.options());
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t group = heads / kv_heads;
   const float s = static_cast<float>(scale);
-  const int64_t qb = q.stride(0), qh = q.stride(1), kb = k.stride(0), kh = k.stride(1);
-  const int64_t kj = k.stride(2), vb = v.stride(0), vh = v.stride(1), vj = v.stride(2);
-  auto sum = dv == 64 ? weighted_sum<64> : dv == 128 ? weighted_sum<128> : weighted_sum<0>;
-  at::parallel_for(0, batch * heads, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> p(slots);
-    std::vector<int64_t> slot(slots);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / heads, h = t % heads, g = h / group;
-      const float* qr = qp + b * qb + h * qh;
-      const float* kr = kp + b * kb + g * kh;
-      const float* vr = vp + b * vb + g * vh;
-      const bool* row = allowed == nullptr ? nullptr : allowed + (mask_rows == 1 ? 0 : b) * slots;
-      int64_t count = 0;  // the allowed slots, in order
-      for (int64_t j = 0; j < slots; ++j)
-        if (row == nullptr || row[j]) slot[count++] = j;
-      float* o = op + t * dv;
-      if (count == 0) {  // nothing to attend to: zeros
-        std::fill(o, o + dv, 0.f);
-        continue;
-      }
-      for (int64_t i = 0; i < count; ++i) p[i] = s * dot(qr, kr + slot[i] * kj, d);
-      float top = p[0];
-      for (int64_t i = 1; i < count; ++i) top = p[i] > top ? p[i] : top;
-      float total = 0;
-      for (int64_t i = 0; i < count; ++i) total += p[i] = std::exp(p[i] - top);
-      const float inverse = 1 / total;
-      for (int64_t i = 0; i < count; ++i) p[i] *= inverse;
-      sum(p.data(), slot.data(), count, vr, vj, o, dv);
-    }
-  });
+  switch (dtype) {
+    case at::kFloat: attend<float>(q, k, v, allowed, mask_rows, s, out); break;
+    case at::kBFloat16: attend<c10::BFloat16>(q, k, v, allowed, mask_rows, s, out); break;
+    default: attend<c10::Half>(q, k, v, allowed, mask_rows, s, out); break;
+  }
   return out;
 }
 

@@ -17,42 +17,15 @@
 #include <optional>
 
 #include "vectors.h"
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define ATTNLAB_X86 1
-#endif
 
 namespace {
 
 using attnlab::f8;
 using attnlab::lane_sum;
 using attnlab::load;
+using attnlab::widen;
 
 constexpr int64_t kGrain = 16;  // output channels a thread takes at least
-
-// 8 weights from memory as 8 floats
-inline f8 widen(const float* p) { return load(p); }
-
-inline f8 widen(const at::Half* p) {
-#if defined(ATTNLAB_X86)
-  return (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
-#else
-  f8 v;
-  for (int j = 0; j < 8; ++j) v[j] = static_cast<float>(p[j]);
-  return v;
-#endif
-}
-
-inline f8 widen(const at::BFloat16* p) {  // a bfloat16 is a float32's upper 16 bits
-#if defined(ATTNLAB_X86)
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
-  return (f8)_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-#else
-  f8 v;
-  for (int j = 0; j < 8; ++j) v[j] = static_cast<float>(p[j]);
-  return v;
-#endif
-}
 
 // Σ_k w[k] · x[k] in 4 chains of 8 lanes (then 8 at a time, then one at a time: any width)
 template <typename T>

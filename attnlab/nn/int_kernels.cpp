@@ -26,10 +26,8 @@
 #include <cstring>
 #include <vector>
 
-#include "vectors.h"
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define ATTNLAB_X86 1
-#include <immintrin.h>
+#include "vectors.h"  // (defines ATTNLAB_X86 where AVX2, FMA and F16C are on)
+#if defined(ATTNLAB_X86)
 #define CONVERT(v) _mm256_cvtepi32_ps(v)
 #else
 #define CONVERT(v) __builtin_convertvector(v, f8)

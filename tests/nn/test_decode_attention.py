@@ -59,6 +59,32 @@ def test_matches_softmax_attention_over_the_allowed_slots(heads, kv_heads, d, dv
 
 
 @built
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads, kv_heads, d", [(9, 3, 64), (4, 2, 128), (2, 1, 13)])
+def test_a_16_bit_cache_is_read_in_its_own_dtype(dtype, heads, kv_heads, d):
+    """bf16 and fp16 q, k, v (an int4 model's float dtype where bf16 is native): the sums in
+    float32, so the output is the float64 reference of the same (rounded) values, rounded once
+    to the dtype: within its unit roundoff, 2⁻⁸ (bf16) or 2⁻¹¹ (fp16) of each value, plus float32's
+    sums. Also the shared mask and the fully masked row (zeros)."""
+    q, k, v = (t.to(dtype) for t in _case(2, heads, kv_heads, 70, d, d, seed=7))
+    allowed = torch.zeros(2, 70, dtype=torch.bool)
+    allowed[0, 3:61] = True
+    allowed[0, 30] = False
+    scale = d ** -0.5
+    got = torch.ops.attnlab.decode_attention(q, k, v, allowed, scale)
+    assert got.dtype == dtype and got.shape == (2, heads, 1, d)
+    want = _reference(q, k, v, allowed, scale)
+    step = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
+    assert ((got.double() - want).abs() <= step * want.abs() + 1e-6).all()
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    mask = allowed[:1, None, None, :]
+    routed = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)  # the kernel's path
+    assert torch.equal(routed, torch.ops.attnlab.decode_attention(q, k, v, allowed[:1], scale))
+    fused = attention._fused(q, k, v, mask, None, 0.0, False, scale)  # PyTorch's, in bf16/fp16
+    torch.testing.assert_close(routed.float(), fused.float(), rtol=step * 4, atol=step * 4)
+
+
+@built
 def test_slots_the_mask_forbids_are_never_read():
     """NaN keys and values in the holes and past the last allowed slot (a static cache's empty
     tail) leave the output finite and exact; PyTorch's fused kernel gives NaN there."""
@@ -125,6 +151,10 @@ def test_bad_operands_are_refused_with_the_kernels_name():
         torch.ops.attnlab.decode_attention(q.expand(1, 2, 2, 8), k, v, None, 1.0)
     with pytest.raises(RuntimeError, match="mask must be"):
         torch.ops.attnlab.decode_attention(q, k, v, torch.ones(1, 9, dtype=torch.bool), 1.0)
+    with pytest.raises(RuntimeError, match="of one dtype"):
+        torch.ops.attnlab.decode_attention(q, k.half(), v.half(), None, 1.0)
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
+        torch.ops.attnlab.decode_attention(q.double(), k.double(), v.double(), None, 1.0)
     with pytest.raises(RuntimeError, match="kv_heads must divide heads"):
         torch.ops.attnlab.decode_attention(q, k[:, :0], v[:, :0], None, 1.0)
 
@@ -139,6 +169,8 @@ def test_only_a_mask_of_one_row_of_slots_per_batch_row_takes_the_kernel():
     assert not applies(q, k, v, per_head, None, 0.0, False)
     assert not applies(q, k, v, None, torch.zeros(1, 4, 1, 12), 0.0, False)  # a bias (ALiBi)
     assert not applies(q.double(), k.double(), v.double(), None, None, 0.0, False)
+    assert not applies(q.bfloat16(), k, v, None, None, 0.0, False)  # mixed dtypes
+    assert applies(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, None, 0.0, False)
     assert not applies(q[0], k[0], v[0], None, None, 0.0, False)  # not (batch, heads, len, d)
     got = scaled_dot_product_attention(q, k, v, mask=per_head)
     want = attention._fused(q, k, v, per_head, None, 0.0, False, 8 ** -0.5)
