@@ -2,8 +2,9 @@
 
     y = x · Wᵀ      x (rows, in), W (out, in)
 
-Float32 layers on a CPU run attnlab's few-row kernel (:class:`KernelLinear`, row-major ``W``);
-where it cannot be built, PyTorch's one-row product reads ``W`` stored input-major faster:
+Float32, bfloat16 and float16 layers on a CPU run attnlab's few-row kernel
+(:class:`KernelLinear`, row-major ``W``); where it cannot be built, PyTorch's one-row fp32
+product reads ``W`` stored input-major faster:
 its memory holds ``Wᵀ`` row by row, a row-major ``(in, out)`` matrix. Shapes, values and
 parameter names do not change.
 
@@ -21,35 +22,42 @@ from torch import Tensor, nn
 
 from attnlab.nn import cpu_kernels
 
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the float kernel's weights
+
 
 class KernelLinear(nn.Linear):
-    """``nn.Linear`` whose few-row float32 products on a CPU (decoding: one token a sequence)
-    run attnlab's kernel (:mod:`attnlab.nn.cpu_kernels`), ``y = x · Wᵀ + b`` with each row of
+    """``nn.Linear`` whose few-row products on a CPU (decoding: one token a sequence) run
+    attnlab's kernel (:mod:`attnlab.nn.cpu_kernels`), ``y = x · Wᵀ + b`` with each row of
     ``W (out, in)`` read once for all the rows of ``x (…, in)``. On a 2-core AVX2 EPYC it read
-    SmolLM2's matrices 1.7–2x faster than PyTorch's one-row kernel, 3x with 4 rows
-    (docs/benchmarks.md). Anything else (more rows, a gradient to pass, another device or
-    dtype, a weight not row-major) is ``nn.Linear``'s own product; the values are the same
-    up to the order of the sums."""
+    SmolLM2's fp32 matrices 1.7–2x faster than PyTorch's one-row kernel, 3x with 4 rows
+    (docs/benchmarks.md). A bfloat16 or float16 layer (``x`` and ``W`` of that dtype) runs the
+    same kernel: ``x`` and ``W`` widened exactly to float32, the sums in float32 and ``y``
+    rounded once to the dtype, as ``nn.Linear``'s own product does up to the order of the sums
+    (PyTorch's bf16 one-row product ran at 0.55x fp32's speed on a Zen 4 EPYC, reading half
+    the bytes). Anything else (more rows, a gradient to pass, another device or dtype, a
+    weight not row-major, CPU autocast) is ``nn.Linear``'s own product."""
 
     ROWS = 8  # beyond this, PyTorch's GEMM reuses each weight better
 
     def forward(self, x: Tensor) -> Tensor:
         if self._kernel_applies(x):
-            w = self.weight
-            y = torch.ops.attnlab.float_matmul(x.reshape(-1, w.shape[1]).contiguous(), w,
-                                               self.bias)
-            return y.view(*x.shape[:-1], w.shape[0])
+            w, b = self.weight, self.bias
+            if b is not None and b.dtype != torch.float32:  # (the kernel adds it in float32)
+                b = b.float()
+            y = torch.ops.attnlab.float_matmul(x.reshape(-1, w.shape[1]).float().contiguous(),
+                                               w, b)
+            return y.view(*x.shape[:-1], w.shape[0]).to(x.dtype)
         return super().forward(x)
 
     def _kernel_applies(self, x: Tensor) -> bool:
         w, b = self.weight, self.bias
-        float_cpu = (x.device.type == w.device.type == "cpu"
-                     and x.dtype == w.dtype == torch.float32 and w.is_contiguous()
-                     and (b is None or b.device.type == "cpu" and b.dtype == torch.float32
-                          and b.is_contiguous()))
+        on_cpu = (x.device.type == w.device.type == "cpu" and x.dtype == w.dtype
+                  and w.dtype in _KERNEL_DTYPES and w.is_contiguous()
+                  and (b is None or b.device.type == "cpu" and b.dtype in (w.dtype, torch.float32)
+                       and b.is_contiguous()))
         grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                             or b is not None and b.requires_grad)
-        return (float_cpu and not grad and 0 < w.shape[1] == x.shape[-1]
+        return (on_cpu and not grad and 0 < w.shape[1] == x.shape[-1]
                 and x.numel() <= self.ROWS * w.shape[1]
                 and not _autocast_on_cpu() and cpu_kernels.available())
 
@@ -64,10 +72,10 @@ def _autocast_on_cpu() -> bool:
 
 @torch.no_grad()
 def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
-    """Ready every fp32 CPU ``nn.Linear`` for decoding, in place; returns ``model``. Where
-    attnlab's CPU kernels are built, each becomes a :class:`KernelLinear` over a row-major
-    weight. Elsewhere (PyTorch's kernels): stored input-major for ``rows`` = 1 (the
-    matrix-vector products), row-major for a batch of ``rows`` > 1, whose products PyTorch
+    """Ready every CPU ``nn.Linear`` for decoding, in place; returns ``model``. Where attnlab's
+    CPU kernels are built, each fp32, bf16 or fp16 one becomes a :class:`KernelLinear` over a
+    row-major weight. Elsewhere (PyTorch's kernels), fp32 is stored input-major for ``rows`` = 1
+    (the matrix-vector products), row-major for a batch of ``rows`` > 1, whose products PyTorch
     reads faster row-major (SmolLM2 fp32, 8 rows on a 2-core AVX2 EPYC: 80.2 tokens/s
     row-major, 63.1 input-major; docs/benchmarks.md, "Batched decoding").
 
@@ -84,7 +92,8 @@ def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
             continue
         w = m.weight
         fp32_cpu = w.device.type == "cpu" and w.dtype == torch.float32
-        if fp32_cpu and type(m) is nn.Linear and cpu_kernels.available():
+        if (w.device.type == "cpu" and w.dtype in _KERNEL_DTYPES and type(m) is nn.Linear
+                and cpu_kernels.available()):
             m.__class__ = KernelLinear  # (the same module: its parameters, hooks, ties)
         if fp32_cpu and rows == 1 and not isinstance(m, KernelLinear):
             if w.is_contiguous():
@@ -117,8 +126,8 @@ def fuse_projections_(model: nn.Module) -> nn.Module:
 def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
     """One layer whose output is ``[y₁ | y₂ | …]``, the ``layers``' outputs side by side
     (their rows stacked), or None where they are not all :class:`Int4Linear` of one group
-    size and width, all float-activation :class:`Int8Linear`, or all float32 CPU
-    :class:`KernelLinear`, over the same inputs. The kernels compute each output row on its
+    size and width, all float-activation :class:`Int8Linear`, or all CPU :class:`KernelLinear`
+    of one dtype, over the same inputs. The kernels compute each output row on its
     own, so every value is what the layer gave alone (for ``KernelLinear``, up to its
     ``ROWS`` rows: a longer prompt runs PyTorch's GEMM, which may round a stacked matrix's
     rows differently): decoding then pays one call (and rounds ``x`` once) for Q, K and V (or
@@ -158,14 +167,17 @@ def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
 
 
 def _stack_float(layers: list[KernelLinear], out_features: int) -> KernelLinear | None:
-    """:func:`stack_rows` of float32 CPU :class:`KernelLinear` layers (their weights and biases
-    concatenated, row-major as the kernel reads them), or None for any other dtype or device."""
+    """:func:`stack_rows` of CPU :class:`KernelLinear` layers of one dtype the kernel reads
+    (their weights and biases concatenated, row-major as the kernel reads them), or None for
+    any other dtype or device."""
     first = layers[0]
+    dtype = first.weight.dtype
     tensors = [t for m in layers for t in (m.weight, m.bias) if t is not None]
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+    if dtype not in _KERNEL_DTYPES or any(t.dtype != dtype or t.device.type != "cpu"
+                                          for t in tensors):
         return None
     fused = KernelLinear(first.in_features, out_features, bias=first.bias is not None,
-                         device="meta")  # (no memory until the stacked values arrive)
+                         device="meta", dtype=dtype)  # (no memory until the values arrive)
     fused.weight = nn.Parameter(torch.cat([m.weight.detach() for m in layers]),
                                 requires_grad=first.weight.requires_grad)
     if first.bias is not None:

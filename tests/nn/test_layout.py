@@ -45,7 +45,7 @@ def test_few_rows_run_the_kernel_and_equal_the_float64_product(bias):
 @pytest.mark.parametrize("bias", [True, False])
 def test_everything_else_is_nn_linears_own_product(bias):
     """More rows than the kernel takes, a gradient to pass (of x, or of the bias alone),
-    bf16, and CPU autocast: nn.Linear's bits and autograd."""
+    CPU autocast, and x of another dtype than the weight: nn.Linear's bits and autograd."""
     torch.manual_seed(0)
     plain, layer = _pair(bias)
     x = torch.randn(9, 83)
@@ -62,9 +62,35 @@ def test_everything_else_is_nn_linears_own_product(bias):
         layer.weight.requires_grad_(True)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(layer(x), plain(x)) and layer(x).dtype == torch.bfloat16
+    with torch.no_grad(), pytest.raises(RuntimeError):  # nn.Linear's own dtype error
+        layer.to(torch.bfloat16)(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_16_bit_layer_runs_the_kernel_and_rounds_once(dtype, bias):
+    """x and W in bf16 (or fp16): the kernel widens both exactly and sums in float32, so the
+    output is the float64 product of the same values rounded once to the dtype: within its
+    unit roundoff (2⁻⁸ bf16, 2⁻¹¹ fp16) plus float32's sums; nn.Linear's own 16-bit product
+    agrees to within a step or two. More rows: nn.Linear's own bits."""
+    torch.manual_seed(0)
+    plain, layer = _pair(bias)
+    plain, layer = plain.to(dtype), layer.to(dtype)
+    x = torch.randn(2, 3, 83).to(dtype)
     with torch.no_grad():
-        half, plain_half = layer.to(torch.bfloat16), plain.to(torch.bfloat16)
-        assert torch.equal(half(x.bfloat16()), plain_half(x.bfloat16()))
+        got = layer(x)
+        b = None if layer.bias is None else layer.bias.float()
+        kernel = torch.ops.attnlab.float_matmul(x.reshape(-1, 83).float(), layer.weight, b)
+        exact = x.double() @ layer.weight.double().t() + (0 if b is None else b.double())
+        theirs = plain(x)
+    assert got.dtype == dtype and got.shape == (2, 3, 45)
+    assert torch.equal(got, kernel.view(2, 3, 45).to(dtype))
+    unit = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
+    assert ((got.double() - exact).abs() <= unit * exact.abs() + 1e-5).all()
+    torch.testing.assert_close(got.float(), theirs.float(), rtol=4 * unit, atol=4 * unit)
+    many = torch.randn(9, 83).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(layer(many), plain(many))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -109,7 +135,13 @@ def test_kernel_layers_that_cannot_share_a_product_are_not_stacked():
     assert stack_rows([a, c]) is None  # a bias on one only
     assert stack_rows([a, d]) is None  # another input width
     assert stack_rows([a, torch.nn.Linear(83, 16, bias=False)]) is None  # another kind
-    assert stack_rows([a.bfloat16(), b.bfloat16()]) is None  # the kernel's layers are fp32
+    assert stack_rows([a.bfloat16(), b.half()]) is None  # two dtypes
+    assert stack_rows([a.double(), b.double()]) is None  # a dtype the kernel does not read
+    stacked = stack_rows([a.bfloat16(), b.bfloat16()])
+    assert stacked.weight.dtype == torch.bfloat16
+    x = torch.randn(1, 83).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(stacked(x), torch.cat([a(x), b(x)], -1))
 
 
 def test_for_decoding_stacks_a_float_llamas_projections_and_decodes_the_same_logits():
