@@ -20,6 +20,7 @@ prompt processing; build it as docs/benchmarks.md says (``GGML_NATIVE=OFF`` and 
 flags).
 
     .venv/bin/python benchmarks/llamacpp.py [--types q4_1 q8_0 f16 f32] [--threads 2]
+        [--engines attnlab attnlab-compiled attnlab-compiled-bf16 llamacpp]
         [--new-tokens 256] [--prefill 512]
 """
 
@@ -43,9 +44,10 @@ FILLER = ("The city grew on the banks of the river, where merchants met and trad
 
 # --- workers (each in its own process) -------------------------------------------------------
 def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
-                   compile: bool = False) -> dict:
+                   compile: bool = False, bf16: bool = False) -> dict:
     """``compile``: decode through the compiled one-token step (``generate --compile``); its
-    compile happens in the warm-up, outside the timed run, and is reported."""
+    compile happens in the warm-up, outside the timed run, and is reported. ``bf16``: a float
+    file's weights in bfloat16 (``--precision bf16``: half of fp32's bytes)."""
     import torch
 
     import attnlab
@@ -57,7 +59,7 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
     # the integer files run on integer codes: Q4_1's own, Q8_0's re-quantised per channel
     int4, int8 = kind == "q4_1", kind == "q8_0"
     loaded = attnlab.load(path, int4=int4, int8=int8)
-    precision = "bf16" if int4 or int8 else "fp32"
+    precision = "bf16" if int4 or int8 or bf16 else "fp32"
     model = for_decoding(loaded.model, "cpu", precision, int4 or int8)
     tok = loaded.tokenizer
     prompt = torch.tensor([tok.encode(PROMPT)])
@@ -72,7 +74,7 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
         out = generate(model, prompt, new, on_token=lambda _: ticks.append(time.perf_counter()),
                        compiled=compiled)
     weights = _bytes_read(model)
-    kv_dtype = float_dtype() if int4 or int8 else torch.float32
+    kv_dtype = float_dtype() if int4 or int8 else torch.bfloat16 if bf16 else torch.float32
     return dict(prompt=prompt[0].tolist(), ids=out[0, prompt.shape[1]:].tolist(),
                 prefill_tps=prefill / prefill_s, decode_tps=(new - 1) / (ticks[-1] - ticks[0]),
                 weight_bytes=weights, kv_bytes=_kv_bytes(model.config, kv_dtype.itemsize),
@@ -196,8 +198,12 @@ def files(types: list[str], folder: Path) -> dict[str, Path]:
 def run_worker(engine: str, path: Path, kind: str, args) -> dict | None:
     options = dict(path=str(path), kind=kind, threads=args.threads, new=args.new_tokens,
                    prefill=args.prefill)
-    if engine == "attnlab-compiled":
+    if engine.startswith("attnlab-compiled"):
         options["compile"] = True
+    if engine.endswith("-bf16"):
+        if kind not in ("f32", "f16"):
+            return None  # (a float file's engine)
+        options["bf16"] = True
     worker = "attnlab" if engine.startswith("attnlab") else engine
     done = subprocess.run([sys.executable, __file__, "--worker", worker, "--json",
                            json.dumps(options)],
@@ -217,8 +223,10 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--engines", nargs="+", default=["attnlab", "attnlab-compiled", "llamacpp"],
-                   choices=["attnlab", "attnlab-compiled", "llamacpp"],
-                   help="attnlab-compiled: generate --compile's one-token step")
+                   choices=["attnlab", "attnlab-compiled", "attnlab-compiled-bf16",
+                            "llamacpp"],
+                   help="attnlab-compiled: generate --compile's one-token step; "
+                   "attnlab-compiled-bf16: the same with a float file's weights in bf16")
     p.add_argument("--folder", default=str(ROOT / "runs" / "llamacpp"),
                    help="where the exported f32/f16/q8_0 files are kept")
     p.add_argument("--worker", choices=["attnlab", "llamacpp"], help=argparse.SUPPRESS)
@@ -271,7 +279,11 @@ def main() -> None:
               f"{limit:.0f} | {100 * dec / limit:.0f}% | {same or '-'} |")
     by = {(k, e): d for k, e, _, _, d, *_ in rows}
     for kind in args.types:
-        for ours in ("attnlab", "attnlab-compiled"):
+        if (kind, "attnlab-compiled-bf16") in by and (kind, "attnlab-compiled") in by:
+            print(f"{kind}: attnlab compiled bf16 decodes at "
+                  f"{by[kind, 'attnlab-compiled-bf16'] / by[kind, 'attnlab-compiled']:.2f}x "
+                  "its fp32 speed")
+        for ours in ("attnlab", "attnlab-compiled", "attnlab-compiled-bf16"):
             if (kind, ours) in by and (kind, "llamacpp") in by:
                 print(f"{kind}: {ours} decodes at {by[kind, ours] / by[kind, 'llamacpp']:.2f}x "
                       "llama.cpp's speed")
