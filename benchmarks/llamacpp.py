@@ -202,7 +202,8 @@ def run_worker(engine: str, path: Path, kind: str, args) -> dict | None:
         options["compile"] = True
     if engine.endswith("-bf16"):
         if kind not in ("f32", "f16"):
-            return None  # (a float file's engine)
+            print(f"  {engine} skipped on {kind}: it runs float files only", flush=True)
+            return None
         options["bf16"] = True
     worker = "attnlab" if engine.startswith("attnlab") else engine
     done = subprocess.run([sys.executable, __file__, "--worker", worker, "--json",

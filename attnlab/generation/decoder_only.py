@@ -77,7 +77,7 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     prompt or output is cropped to its last ``context`` tokens, at positions 0 .. context − 1,
     as nanoGPT does; generation itself may run as long as asked. ``on_token(new)`` is
     called with the ``(batch, n_new)`` tokens so far after each step (streaming); returning
-    True stops generation (stop strings). For fp32 on CPU, ``decoding_layout_(model)`` first
+    True stops generation (stop strings). On a CPU, ``decoding_layout_(model)`` first
     makes decoding faster; :func:`for_decoding` and the CLI do that.
 
     ``compiled``: every token after the prompt's first runs through that compiled one-token
@@ -142,9 +142,10 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
 def for_decoding(model: nn.Module, device: torch.device | str | None = None,
                  precision: str = "fp32", integer: bool = False, rows: int = 1) -> nn.Module:
     """``model`` ready to decode on ``device``: its weights cast to ``precision`` (decoding reads
-    every weight once per token, so half the bytes is what makes it faster) and, in fp32 on a
-    CPU, its linears on attnlab's few-row kernel (:func:`decoding_layout_`; where that cannot
-    be built, stored input-major for ``rows`` = 1 sequence, row-major for a batch). An
+    every weight once per token, so half the bytes is what makes it faster) and, on a CPU, its
+    fp32, bf16 or fp16 linears on attnlab's few-row kernel (:func:`decoding_layout_`; where
+    that cannot be built, fp32 is stored input-major for ``rows`` = 1 sequence, row-major for
+    a batch). An
     ``integer`` model (``--int4``, ``--int8``) keeps its integer matrices and the float dtype
     ``quantize`` gave the rest, runs on the CPU only, and gets an int8 output layer
     (:func:`integer_head`). Integer and kernel layers have their Q/K/V and W₁/W₃ stacked into
@@ -160,7 +161,7 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
         from attnlab.hardware import DTYPES
 
         model = model.to(device=device, dtype=DTYPES[precision])
-    return fuse_projections_(decoding_layout_(model, rows))  # (after: fp32 is KernelLinear)
+    return fuse_projections_(decoding_layout_(model, rows))  # (after: KernelLinear)
 
 
 def integer_head(model: nn.Module) -> None:

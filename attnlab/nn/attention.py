@@ -99,7 +99,6 @@ def scaled_dot_product_attention(
 # flash kernel wins at every size. So on CPU, in reduced precision and up to 512×512 scores,
 # the fast path composes the same equation from matmuls (docs/benchmarks.md).
 _COMPOSED_MAX_SCORES = 512 * 512
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _decoding_kernel_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
@@ -111,8 +110,8 @@ def _decoding_kernel_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Non
     if (q.shape[-2] != 1 or q.device.type != "cpu" or bias is not None or dropout_p > 0
             or is_causal or not cpu_kernels.available()):
         return False
-    if q.dtype not in _KERNEL_DTYPES or any(t.dim() != 4 or t.dtype != q.dtype or t.stride(-1) != 1
-                                            for t in (q, k, v)):
+    if q.dtype not in cpu_kernels.FLOAT_DTYPES or any(
+            t.dim() != 4 or t.dtype != q.dtype or t.stride(-1) != 1 for t in (q, k, v)):
         return False
     if (k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3] or k.shape[-1] != q.shape[-1]
             or q.shape[1] % k.shape[1]):

@@ -60,6 +60,9 @@ from pathlib import Path
 
 import torch
 
+# the dtypes the float product reads its weights in and decode attention its cache in
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 _SOURCES = [Path(__file__).with_name(n)
             for n in ("int_kernels.cpp", "float_kernels.cpp", "decode_attention.cpp")]
 _HEADERS = [Path(__file__).with_name("vectors.h")]  # (part of the cache key)
@@ -183,4 +186,4 @@ def _attention_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest) ->
     return q.new_empty(*q.shape[:-1], v.shape[-1])
 
 
-__all__ = ["available"]
+__all__ = ["FLOAT_DTYPES", "available"]

@@ -4,8 +4,8 @@
 
 Float32, bfloat16 and float16 layers on a CPU run attnlab's few-row kernel
 (:class:`KernelLinear`, row-major ``W``); where it cannot be built, PyTorch's one-row fp32
-product reads ``W`` stored input-major faster:
-its memory holds ``Wᵀ`` row by row, a row-major ``(in, out)`` matrix. Shapes, values and
+product reads ``W`` stored input-major faster: its memory holds ``Wᵀ`` row by row, a
+row-major ``(in, out)`` matrix. Shapes, values and
 parameter names do not change.
 
 Matrices that read the same input are stacked into one (:func:`fuse_projections_`):
@@ -22,8 +22,6 @@ from torch import Tensor, nn
 
 from attnlab.nn import cpu_kernels
 
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the float kernel's weights
-
 
 class KernelLinear(nn.Linear):
     """``nn.Linear`` whose few-row products on a CPU (decoding: one token a sequence) run
@@ -33,8 +31,9 @@ class KernelLinear(nn.Linear):
     (docs/benchmarks.md). A bfloat16 or float16 layer (``x`` and ``W`` of that dtype) runs the
     same kernel: ``x`` and ``W`` widened exactly to float32, the sums in float32 and ``y``
     rounded once to the dtype, as ``nn.Linear``'s own product does up to the order of the sums
-    (PyTorch's bf16 one-row product ran at 0.55x fp32's speed on a Zen 4 EPYC, reading half
-    the bytes). Anything else (more rows, a gradient to pass, another device or dtype, a
+    (with PyTorch's bf16 one-row product, compiled bf16 SmolLM2 decoded at 0.51–0.69x fp32's
+    rate on a Zen 4 EPYC, reading half the bytes; the kernel takes 2.4–2.8x less time than
+    that product). Anything else (more rows, a gradient to pass, another device or dtype, a
     weight not row-major, CPU autocast) is ``nn.Linear``'s own product."""
 
     ROWS = 8  # beyond this, PyTorch's GEMM reuses each weight better
@@ -52,8 +51,8 @@ class KernelLinear(nn.Linear):
     def _kernel_applies(self, x: Tensor) -> bool:
         w, b = self.weight, self.bias
         on_cpu = (x.device.type == w.device.type == "cpu" and x.dtype == w.dtype
-                  and w.dtype in _KERNEL_DTYPES and w.is_contiguous()
-                  and (b is None or b.device.type == "cpu" and b.dtype in (w.dtype, torch.float32)
+                  and w.dtype in cpu_kernels.FLOAT_DTYPES and w.is_contiguous()
+                  and (b is None or b.device.type == "cpu" and b.dtype == w.dtype
                        and b.is_contiguous()))
         grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                             or b is not None and b.requires_grad)
@@ -92,7 +91,7 @@ def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
             continue
         w = m.weight
         fp32_cpu = w.device.type == "cpu" and w.dtype == torch.float32
-        if (w.device.type == "cpu" and w.dtype in _KERNEL_DTYPES and type(m) is nn.Linear
+        if (w.device.type == "cpu" and w.dtype in cpu_kernels.FLOAT_DTYPES and type(m) is nn.Linear
                 and cpu_kernels.available()):
             m.__class__ = KernelLinear  # (the same module: its parameters, hooks, ties)
         if fp32_cpu and rows == 1 and not isinstance(m, KernelLinear):
@@ -173,7 +172,7 @@ def _stack_float(layers: list[KernelLinear], out_features: int) -> KernelLinear 
     first = layers[0]
     dtype = first.weight.dtype
     tensors = [t for m in layers for t in (m.weight, m.bias) if t is not None]
-    if dtype not in _KERNEL_DTYPES or any(t.dtype != dtype or t.device.type != "cpu"
+    if dtype not in cpu_kernels.FLOAT_DTYPES or any(t.dtype != dtype or t.device.type != "cpu"
                                           for t in tensors):
         return None
     fused = KernelLinear(first.in_features, out_features, bias=first.bias is not None,

@@ -143,7 +143,7 @@ def test_decoding_layout_changes_memory_not_values(preset, tmp_path):
         trained = m(ids)
     half = decoding_layout_(m.to(torch.bfloat16))  # bf16 reads row-major faster: restored
     assert half.blocks.layers[0].ffn.w1.weight.is_contiguous()
-    with torch.no_grad():  # (PyTorch's product: the kernel takes float32 only)
+    with torch.no_grad():  # (18 rows: PyTorch's GEMM)
         assert torch.allclose(half(ids).float(), trained, atol=0.1)
     single = decoding_layout_(m.float().eval())
     with torch.no_grad():

@@ -60,22 +60,28 @@ def test_matches_softmax_attention_over_the_allowed_slots(heads, kv_heads, d, dv
 
 @built
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads, kv_heads, d", [(9, 3, 64), (4, 2, 128), (2, 1, 13)])
-def test_a_16_bit_cache_is_read_in_its_own_dtype(dtype, heads, kv_heads, d):
+@pytest.mark.parametrize("heads, kv_heads, d, dv", [
+    (9, 3, 64, 64), (4, 2, 128, 128), (2, 1, 13, 13), (3, 3, 24, 40)])
+def test_a_16_bit_cache_is_read_in_its_own_dtype(dtype, heads, kv_heads, d, dv):
     """bf16 and fp16 q, k, v (an int4 model's float dtype where bf16 is native): the sums in
     float32, so the output is the float64 reference of the same (rounded) values, rounded once
     to the dtype: within its unit roundoff, 2⁻⁸ (bf16) or 2⁻¹¹ (fp16) of each value, plus float32's
-    sums. Also the shared mask and the fully masked row (zeros)."""
-    q, k, v = (t.to(dtype) for t in _case(2, heads, kv_heads, 70, d, d, seed=7))
+    sums. Also the shared mask, the fully masked row (zeros) and a cache view with its own
+    strides."""
+    q, k, v = (t.to(dtype) for t in _case(2, heads, kv_heads, 70, d, dv, seed=7))
     allowed = torch.zeros(2, 70, dtype=torch.bool)
     allowed[0, 3:61] = True
     allowed[0, 30] = False
     scale = d ** -0.5
     got = torch.ops.attnlab.decode_attention(q, k, v, allowed, scale)
-    assert got.dtype == dtype and got.shape == (2, heads, 1, d)
+    assert got.dtype == dtype and got.shape == (2, heads, 1, dv)
     want = _reference(q, k, v, allowed, scale)
     step = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
     assert ((got.double() - want).abs() <= step * want.abs() + 1e-6).all()
+    view = torch.ops.attnlab.decode_attention(q, k[:, :, :61], v[:, :, :61],
+                                              allowed[:, :61].contiguous(),
+                                              scale)  # (a growing cache's slice)
+    assert torch.equal(view, got)
     assert torch.equal(got[1], torch.zeros_like(got[1]))
     mask = allowed[:1, None, None, :]
     routed = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)  # the kernel's path
@@ -132,8 +138,9 @@ def test_a_gradient_takes_the_differentiable_path():
 
 
 @built
-def test_compiled_equals_eager_bit_for_bit():
-    q, k, v = _case(1, 9, 3, 64, 64, 64, seed=5)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_equals_eager_bit_for_bit(dtype):
+    q, k, v = (t.to(dtype) for t in _case(1, 9, 3, 64, 64, 64, seed=5))
     allowed = torch.zeros(1, 1, 1, 64, dtype=torch.bool)
     allowed[..., :23] = True
 

@@ -178,8 +178,7 @@ def test_a_bf16_llama_decodes_on_the_kernel_close_to_its_float64_self():
     """bf16 for_decoding (``--precision bf16``): every linear a bf16 KernelLinear, Q/K/V and
     W₁/W₃ stacked, attention on the kernel's bf16 cache; each cached step's logits are those of
     the same bf16 weights in float64 to within 1% of the largest logit, a few of bf16's steps
-    (measured: 0.24%, the same as the plain bf16 model with PyTorch's products, held to the
-    same bound)."""
+    (measured: 0.24%; the plain bf16 model, PyTorch's products, measured the same)."""
     import copy
 
     from attnlab.config import ModelConfig
@@ -190,20 +189,18 @@ def test_a_bf16_llama_decodes_on_the_kernel_close_to_its_float64_self():
     config = ModelConfig.from_preset("llama-mini", n_decoder_layers=2, d_ff=96)
     model = GPT(config).eval().bfloat16()
     exact = copy.deepcopy(model).double()
-    plain = copy.deepcopy(model)
     model = for_decoding(model, "cpu", "bf16")
     layer = model.blocks.layers[0]
     assert isinstance(layer.self_attn.qkv, KernelLinear) and isinstance(layer.ffn.w13, KernelLinear)
     assert layer.self_attn.qkv.weight.dtype == torch.bfloat16
     ids = torch.randint(0, config.vocab_size, (1, 6))
-    errors = {}
+    logits = {}
     with torch.no_grad():
-        for name, m in (("kernel", model), ("plain", plain), ("exact", exact)):
+        for name, m in (("kernel", model), ("exact", exact)):
             cache = m.new_cache()
             m(ids[:, :2], cache=cache)
-            errors[name] = torch.stack([m(ids[:, i:i + 1], cache=cache)[0, -1].double()
+            logits[name] = torch.stack([m(ids[:, i:i + 1], cache=cache)[0, -1].double()
                                         for i in range(2, 6)])
-    ours = (errors["kernel"] - errors["exact"]).abs().max()
-    theirs = (errors["plain"] - errors["exact"]).abs().max()
-    scale = errors["exact"].abs().max()
-    assert ours <= 0.01 * scale and theirs <= 0.01 * scale, (ours, theirs, scale)  # ~2.5 bf16 steps
+    ours = (logits["kernel"] - logits["exact"]).abs().max()
+    scale = logits["exact"].abs().max()
+    assert ours <= 0.01 * scale, (ours, scale)  # ~2.5 bf16 steps
