@@ -64,10 +64,14 @@ void weighted_sum(const float* p, const int64_t* slot, int64_t count, const T* v
       for (int u = 0; u < N / 8; ++u) acc[u] += p[i] * widen(row + 8 * u);
     }
     for (int u = 0; u < N / 8; ++u) store(out + 8 * u, acc[u]);
-  } else {
+  } else {  // 8 lanes at a time, then one at a time
     std::fill(out, out + n, 0.f);
-    for (int64_t i = 0; i < count; ++i)
-      for (int64_t e = 0; e < n; ++e) out[e] += p[i] * static_cast<float>(v[slot[i] * stride + e]);
+    for (int64_t i = 0; i < count; ++i) {
+      const T* row = v + slot[i] * stride;
+      int64_t e = 0;
+      for (; e + 8 <= n; e += 8) store(out + e, load(out + e) + p[i] * widen(row + e));
+      for (; e < n; ++e) out[e] += p[i] * static_cast<float>(row[e]);
+    }
   }
 }
 
@@ -86,8 +90,9 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   auto sum = dv == 64    ? weighted_sum<64, T>
              : dv == 128 ? weighted_sum<128, T>
                          : weighted_sum<0, T>;
+  constexpr bool plain = std::is_same_v<T, float>;  // else: q widened, the output rounded
   at::parallel_for(0, batch * heads, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> p(slots), query(d), result(dv);
+    std::vector<float> p(slots), query(plain ? 0 : d), result(plain ? 0 : dv);
     std::vector<int64_t> slot(slots);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / heads, h = t % heads, g = h / group;
@@ -103,15 +108,21 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
         std::fill(o, o + dv, T(0.f));
         continue;
       }
-      for (int64_t e = 0; e < d; ++e) query[e] = static_cast<float>(qr[e]);
-      for (int64_t i = 0; i < count; ++i) p[i] = s * dot(query.data(), kr + slot[i] * kj, d);
+      const float* qf;
+      if constexpr (plain) {
+        qf = qr;
+      } else {
+        for (int64_t e = 0; e < d; ++e) query[e] = static_cast<float>(qr[e]);
+        qf = query.data();
+      }
+      for (int64_t i = 0; i < count; ++i) p[i] = s * dot(qf, kr + slot[i] * kj, d);
       float top = p[0];
       for (int64_t i = 1; i < count; ++i) top = p[i] > top ? p[i] : top;
       float total = 0;
       for (int64_t i = 0; i < count; ++i) total += p[i] = std::exp(p[i] - top);
       const float inverse = 1 / total;
       for (int64_t i = 0; i < count; ++i) p[i] *= inverse;
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (plain) {
         sum(p.data(), slot.data(), count, vr, vj, o, dv);
       } else {
         sum(p.data(), slot.data(), count, vr, vj, result.data(), dv);

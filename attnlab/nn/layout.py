@@ -5,8 +5,7 @@
 Float32, bfloat16 and float16 layers on a CPU run attnlab's few-row kernel
 (:class:`KernelLinear`, row-major ``W``); where it cannot be built, PyTorch's one-row fp32
 product reads ``W`` stored input-major faster: its memory holds ``Wᵀ`` row by row, a
-row-major ``(in, out)`` matrix. Shapes, values and
-parameter names do not change.
+row-major ``(in, out)`` matrix. Shapes, values and parameter names do not change.
 
 Matrices that read the same input are stacked into one (:func:`fuse_projections_`):
 self-attention's ``[W_Q | W_K | W_V]`` and a gated feed-forward's ``[W₁ | W₃]``, for the integer
@@ -172,8 +171,8 @@ def _stack_float(layers: list[KernelLinear], out_features: int) -> KernelLinear 
     first = layers[0]
     dtype = first.weight.dtype
     tensors = [t for m in layers for t in (m.weight, m.bias) if t is not None]
-    if dtype not in cpu_kernels.FLOAT_DTYPES or any(t.dtype != dtype or t.device.type != "cpu"
-                                          for t in tensors):
+    if dtype not in cpu_kernels.FLOAT_DTYPES or any(
+            t.dtype != dtype or t.device.type != "cpu" for t in tensors):
         return None
     fused = KernelLinear(first.in_features, out_features, bias=first.bias is not None,
                          device="meta", dtype=dtype)  # (no memory until the values arrive)
