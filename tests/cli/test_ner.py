@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from attnlab import BERT, ModelConfig, save_pretrained
+from attnlab.encoding import load_encoder
+from attnlab.tagging import predict_tags
 from attnlab.tokenizers import WordPieceTokenizer
 from tests.cli.helpers import assert_bad_input, cli, cli_captured
 
@@ -48,19 +50,33 @@ def ner_run(tmp_path_factory):
     save_pretrained(BERT(ModelConfig.from_preset("bert-tiny", vocab_size=tok.vocab_size,
                                                  max_len=32)), folder / "encoder")
     tok.backend.save(str(folder / "encoder" / "tokenizer.json"))
-    run = folder / "run"
-    r = cli_captured("train", "ner", "--data", data, "--model", folder / "encoder", "--out", run,
-                     "--steps", "150", "--lr", "3e-3", "--batch", "16", "--eval-every", "50",
-                     "--warmup-ratio", "0.1", "--no-progress", "--device", "cpu",
-                     "--precision", "fp32")
-    assert r.code == 0, r.err
-    return run, data, r.out
+    # Trained to a stated criterion, test F1 at least 0.95, never to a fixed count: the float
+    # trajectory differs between CPUs (150 steps gave F1 1.00 on one and 0.976 on another,
+    # where one two-word person was read as two). Each try is a fresh run twice as long; the
+    # cap fails loudly.
+    last = ""
+    for steps in (150, 300, 600):
+        run = folder / f"run{steps}"
+        r = cli_captured("train", "ner", "--data", data, "--model", folder / "encoder", "--out",
+                         run, "--steps", str(steps), "--lr", "3e-3", "--batch", "16",
+                         "--eval-every", "50", "--warmup-ratio", "0.1", "--no-progress",
+                         "--device", "cpu", "--precision", "fp32")
+        assert r.code == 0, r.err
+        last = re.search(r"test: .*", r.out)[0]
+        if f1_of(r.out) >= 0.95:
+            return run, data, r.out
+    pytest.fail(f"train ner: test F1 0.95 not reached in 600 steps (the cap); last: {last}")
+
+
+def f1_of(out: str) -> float:
+    """The test F1 that `train ner` prints."""
+    return float(re.search(r"test: entity precision \S+, recall \S+, F1 (\S+)", out)[1])
 
 
 def test_train_ner_learns_the_entities(ner_run):
     _, _, out = ner_run
-    f1 = float(re.search(r"test: entity precision \S+, recall \S+, F1 (\S+)", out)[1])
-    assert f1 >= 0.9, out  # the names are fixed words: 1.00 when the run works
+    assert f1_of(out) >= 0.95, out
+    assert "dev: entity precision" in out and "model in " in out
 
 
 def test_evaluate_ner_gives_the_runs_test_score(capsys, ner_run):
@@ -74,16 +90,37 @@ def test_evaluate_ner_gives_the_runs_test_score(capsys, ner_run):
 
 
 def test_ner_prints_the_entities_of_a_text(capsys, ner_run):
-    run, _, _ = ner_run
-    text = "Clara went to Oslo with Boris Annason today"
+    # A test sentence with a two-word person that the run tags right (the criterion leaves a
+    # few wrong, never most): `ner` must print the file's own entities, at the characters the
+    # words are at, the two-word person as one.
+    run, data, _ = ner_run
+    enc = load_encoder(run)
+    gold = [[line.split() for line in b.splitlines()]
+            for b in (data / "test.txt").read_text().split("\n\n")[1:]]
+    tagged = predict_tags(enc.model, enc.tokenizer, [[w for w, _, _ in s] for s in gold])
+    words = next(s for s, tags in zip(gold, tagged, strict=True)
+                 if "I-PER" in tags and tags == [tag for _, _, tag in s])
+    text = " ".join(w for w, _, _ in words)
+    expected, at = [], 0
+    for word, _, tag in words:
+        if tag.startswith("I-"):
+            kind, start, _ = expected[-1]
+            expected[-1] = (kind, start, at + len(word))
+        elif tag.startswith("B-"):
+            expected.append((tag[2:], at, at + len(word)))
+        at += len(word) + 1
     r = cli(capsys, "ner", "--model", run, "--json", text, "--quiet")
     assert r.code == 0, r.err
     found = json.loads(r.out)["entities"]
-    assert [(e["type"], e["text"]) for e in found] == [
-        ("PER", "Clara"), ("LOC", "Oslo"), ("PER", "Boris Annason")]
+    assert [(e["type"], e["start"], e["end"]) for e in found] == expected
     assert all(text[e["start"]:e["end"]] == e["text"] for e in found)
+    assert any(" " in e["text"] for e in found)  # the two-word person is one entity
+    bracketed, at = "", 0
+    for kind, a, b in expected:
+        bracketed += f"{text[at:a]}[{kind} {text[a:b]}]"
+        at = b
     r = cli(capsys, "ner", "--model", run, text, "--quiet")
-    assert r.out.strip() == "[PER Clara] went to [LOC Oslo] with [PER Boris Annason] today"
+    assert r.out.strip() == bracketed + text[at:]
 
 
 @pytest.mark.parametrize("line, says", [
