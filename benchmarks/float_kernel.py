@@ -8,8 +8,10 @@ products, ``y = x · Wᵀ`` for ``--rows`` rows of ``x``, by:
 * ``torch.ops.attnlab.float_matmul`` (what ``KernelLinear`` runs), row-major ``W``;
 * ``torch.nn.functional.linear`` with ``W`` row-major, and stored input-major (what
   ``decoding_layout_`` did before the kernel);
-* with ``--dtype bf16``: the same matrices in bfloat16, attnlab's kernel (float32 ``x``, each
-  weight widened as it is read) against PyTorch's bf16 product (bf16 ``x``).
+* with ``--dtype bf16``: the same matrices in bfloat16, attnlab's kernel with bf16 ``x`` (what a
+  bf16 ``KernelLinear`` runs: ``vdpbf16ps`` where ATen runs AVX-512 and the CPU has
+  AVX512-BF16, else ``x`` and each weight widened to float32) and with float32 ``x`` (always
+  the widening kernel), against PyTorch's bf16 product (bf16 ``x``).
 
 Each figure is the best of 5 passes; GB/s is the weights' bytes over the time.
 
@@ -64,13 +66,16 @@ def main() -> None:
     for w in weights[:4] + weights[-1:]:  # the same products first
         x = xs[w.shape[1]]
         assert torch.allclose(ours(x, w, None), F.linear(x, w.float()), atol=1e-3, rtol=1e-4)
-    runs = {"attnlab float_matmul": one_pass(lambda x, w: ours(x, w, None), weights, xs)}
+    half = {k: x.to(dtype) for k, x in xs.items()}
+    runs = {"attnlab float_matmul": one_pass(lambda x, w: ours(x, w, None), weights,
+                                             xs if dtype == torch.float32 else half)}
     if dtype == torch.float32:
         runs["PyTorch linear, row-major W"] = one_pass(F.linear, weights, xs)
         transposed = [w.t().contiguous().t() for w in weights]
         runs["PyTorch linear, input-major W"] = one_pass(F.linear, transposed, xs)
     else:
-        half = {k: x.to(dtype) for k, x in xs.items()}
+        runs["attnlab float_matmul, float32 x (widened)"] = one_pass(
+            lambda x, w: ours(x, w, None), weights, xs)
         runs["PyTorch linear, bf16 x"] = one_pass(F.linear, weights, half)
     print(f"{len(weights)} matrices, {nbytes / 1e6:.0f} MB of {args.dtype} weights, "
           f"{args.rows} row(s) of x")

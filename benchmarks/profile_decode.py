@@ -11,7 +11,7 @@ read; attention: the KV cache; not counted for other ops) and the rate that make
 time). The bandwidth line is this machine's matrix-vector rate, as ``benchmarks/llamacpp.py``
 measures it.
 
-    .venv/bin/python benchmarks/profile_decode.py --precision fp32|int4|int8 [--compile]
+    .venv/bin/python benchmarks/profile_decode.py --precision fp32|bf16|int4|int8 [--compile]
         [--tokens 32] [--capacity 512]
 """
 
@@ -35,7 +35,7 @@ ITEMSIZE = {"attnlab::int4_matmul": (4, 1, 2, 2),  # x, codes two a byte, f16 sc
             "_weight_int8pack_mm": (None, 1, None)}
 
 
-READS_ITS_INPUTS = ("linear", "mm", "addmm", "_weight_int", "int4", "int8_matmul",
+READS_ITS_INPUTS = ("linear", "mm", "addmm", "_weight_int", "int4", "int8_matmul", "float_matmul",
                     "scaled_dot_product", "_flash_")
 
 
@@ -67,7 +67,8 @@ def group(name: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--precision", choices=["fp32", "int4", "int8"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "bf16", "int4", "int8"],
+                   default="fp32")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--capacity", type=int, default=None,
@@ -88,7 +89,8 @@ def main() -> None:
 
     int4, int8 = args.precision == "int4", args.precision == "int8"
     loaded = attnlab.load(str(smollm2_path()), int4=int4, int8=int8)
-    model = for_decoding(loaded.model, "cpu", "bf16" if int4 or int8 else "fp32", int4 or int8)
+    model = for_decoding(loaded.model, "cpu", "bf16" if int4 or int8 else args.precision,
+                         int4 or int8)
     prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")])
     warm, n = 3, args.tokens
     with torch.no_grad():
@@ -113,7 +115,8 @@ def main() -> None:
             for _ in range(n):
                 token = step(token).argmax(-1, keepdim=True)
             seconds = time.perf_counter() - begun
-    itemsize = (float_dtype() if int4 or int8 else torch.float32).itemsize  # around them
+    itemsize = (float_dtype() if int4 or int8 else  # around them
+                torch.bfloat16 if args.precision == "bf16" else torch.float32).itemsize
     table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
     inside = 0.0  # the time of the ops inside compiled regions
     for event in prof.events():

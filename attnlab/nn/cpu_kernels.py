@@ -24,7 +24,9 @@ its codes at the memory's speed. PyTorch's int4 and int8 CPU kernels for one row
 
 ``float_kernels.cpp``: ``float_matmul(x, weight, bias)``, ``y = x · Wᵀ + b`` for a few rows,
 ``W (out, in)`` row-major float32, float16 or bfloat16 (widened to float32 as it is read), the
-sums in float32; :class:`attnlab.nn.layout.KernelLinear` calls it.
+sums in float32; ``x`` and ``b`` float32 or ``W``'s dtype, ``y`` in ``x``'s (rounded once), so
+a bf16 layer's call has no conversions around it; :class:`attnlab.nn.layout.KernelLinear`
+calls it.
 
 ``decode_attention.cpp``: ``decode_attention(q, k, v, mask, scale)``, softmax attention of one
 query a row ``q (b, h, 1, d)`` over a cache ``k, v (b, h_kv, slots, d)`` (grouped queries;

@@ -1,13 +1,15 @@
 // attnlab's float matrix product for a few rows (decoding), built with the other CPU kernels by
 // attnlab/nn/cpu_kernels.py:
 //
-//   y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n])      x float32 (rows, in), W (out, in) row-major
+//   y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n])      x (rows, in), W (out, in) row-major
 //
 // W float32, or float16 / bfloat16 widened to float32 as it is read (half the bytes: a decoded
-// token reads every weight once, so bytes are time; the activations and sums stay float32, so
-// no CPU needs native 16-bit arithmetic). Each thread takes a block of output channels and
-// reads each weight row once for all the rows of x (it stays in L1 between them), with four
-// independent sums of 8 lanes; the same order of sums whatever the threads.
+// token reads every weight once, so bytes are time; the sums stay float32, so no CPU needs
+// native 16-bit arithmetic). x and b are float32, or W's 16-bit dtype, widened the same way;
+// y is x's dtype, each sum rounded to it once (so a bf16 layer's call needs no conversions
+// around it). Each thread takes a block of output channels and reads each weight row once for
+// all the rows of x (it stays in L1 between them), with four independent sums of 8 lanes; the
+// same order of sums whatever the threads.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -28,52 +30,70 @@ using attnlab::widen;
 constexpr int64_t kGrain = 16;  // output channels a thread takes at least
 
 // Σ_k w[k] · x[k] in 4 chains of 8 lanes (then 8 at a time, then one at a time: any width)
-template <typename T>
-inline float row_dot(const T* w, const float* x, int64_t k) {
+template <typename T, typename X>
+inline float row_dot(const T* w, const X* x, int64_t k) {
   f8 a[4] = {};
   int64_t i = 0;
   for (; i + 32 <= k; i += 32)
-    for (int u = 0; u < 4; ++u) a[u] += widen(w + i + 8 * u) * load(x + i + 8 * u);
-  for (; i + 8 <= k; i += 8) a[0] += widen(w + i) * load(x + i);
+    for (int u = 0; u < 4; ++u) a[u] += widen(w + i + 8 * u) * widen(x + i + 8 * u);
+  for (; i + 8 <= k; i += 8) a[0] += widen(w + i) * widen(x + i);
   float tail = 0;
-  for (; i < k; ++i) tail += static_cast<float>(w[i]) * x[i];
+  for (; i < k; ++i) tail += static_cast<float>(w[i]) * static_cast<float>(x[i]);
   return lane_sum((a[0] + a[1]) + (a[2] + a[3])) + tail;
 }
 
-template <typename T>
-void product(const float* x, const T* w, const float* bias, float* y, int64_t m, int64_t n,
-             int64_t k) {
+// y = x · Wᵀ + b, x and y of one dtype X (float32 or T), the bias float32 or T (or none)
+template <typename T, typename X>
+void product(const X* x, const T* w, const void* bias, bool bias_is_t, X* y, int64_t m,
+             int64_t n, int64_t k) {
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
-    for (int64_t o = n0; o < n1; ++o)
-      for (int64_t r = 0; r < m; ++r)
-        y[r * n + o] = row_dot(w + o * k, x + r * k, k) + (bias ? bias[o] : 0.f);
+    for (int64_t o = n0; o < n1; ++o) {
+      const float b = !bias ? 0.f
+                      : bias_is_t ? static_cast<float>(static_cast<const T*>(bias)[o])
+                                  : static_cast<const float*>(bias)[o];
+      for (int64_t r = 0; r < m; ++r) y[r * n + o] = X(row_dot(w + o * k, x + r * k, k) + b);
+    }
   });
+}
+
+template <typename T>
+void run(const at::Tensor& x, const at::Tensor& weight, const void* bias, bool bias_is_t,
+         at::Tensor& y) {
+  const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
+  const T* w = weight.data_ptr<T>();
+  if (x.scalar_type() == at::kFloat)
+    product(x.data_ptr<float>(), w, bias, bias_is_t, y.data_ptr<float>(), m, n, k);
+  else
+    product(x.data_ptr<T>(), w, bias, bias_is_t, y.data_ptr<T>(), m, n, k);
 }
 
 at::Tensor float_matmul(const at::Tensor& x, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.is_cpu(),
-              "attnlab float kernel: x must be a contiguous float32 (rows, in) CPU tensor");
+  const auto wt = weight.scalar_type();
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.is_cpu() &&
-                  weight.size(1) == x.size(1),
-              "attnlab float kernel: the weight must be a contiguous (out, in) CPU matrix "
-              "with x's width");
-  const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
-  const float* b = nullptr;
+                  (wt == at::kFloat || wt == at::kHalf || wt == at::kBFloat16),
+              "attnlab float kernel: the weight must be a contiguous (out, in) float32, "
+              "float16 or bfloat16 CPU matrix");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.is_cpu() && x.size(1) == weight.size(1) &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == wt),
+              "attnlab float kernel: x must be a contiguous (rows, in) CPU matrix with the "
+              "weight's width, float32 or the weight's dtype");
+  const void* b = nullptr;
+  bool bias_is_t = false;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->is_cpu() &&
-                    bias->dim() == 1 && bias->size(0) == n,
-                "attnlab float kernel: the bias must be a float32 (out,) CPU tensor");
-    b = bias->data_ptr<float>();
+    TORCH_CHECK(bias->is_cpu() && bias->is_contiguous() && bias->dim() == 1 &&
+                    bias->size(0) == weight.size(0) &&
+                    (bias->scalar_type() == at::kFloat || bias->scalar_type() == wt),
+                "attnlab float kernel: the bias must be a contiguous (out,) CPU vector, "
+                "float32 or the weight's dtype");
+    b = bias->data_ptr();
+    bias_is_t = bias->scalar_type() != at::kFloat;
   }
-  at::Tensor y = at::empty({m, n}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  switch (weight.scalar_type()) {
-    case at::kFloat: product(xp, weight.data_ptr<float>(), b, yp, m, n, k); break;
-    case at::kHalf: product(xp, weight.data_ptr<at::Half>(), b, yp, m, n, k); break;
-    case at::kBFloat16: product(xp, weight.data_ptr<at::BFloat16>(), b, yp, m, n, k); break;
-    default: TORCH_CHECK(false, "attnlab float kernel: weights float32, float16 or bfloat16");
+  at::Tensor y = at::empty({x.size(0), weight.size(0)}, x.options());
+  switch (wt) {
+    case at::kFloat: run<float>(x, weight, b, bias_is_t, y); break;
+    case at::kHalf: run<at::Half>(x, weight, b, bias_is_t, y); break;
+    default: run<at::BFloat16>(x, weight, b, bias_is_t, y); break;
   }
   return y;
 }

@@ -39,12 +39,10 @@ class KernelLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if self._kernel_applies(x):
-            w, b = self.weight, self.bias
-            if b is not None and b.dtype != torch.float32:  # (the kernel adds it in float32)
-                b = b.float()
-            y = torch.ops.attnlab.float_matmul(x.reshape(-1, w.shape[1]).float().contiguous(),
-                                               w, b)
-            return y.view(*x.shape[:-1], w.shape[0]).to(x.dtype)
+            w = self.weight
+            y = torch.ops.attnlab.float_matmul(x.reshape(-1, w.shape[1]).contiguous(), w,
+                                               self.bias)
+            return y.view(*x.shape[:-1], w.shape[0])
         return super().forward(x)
 
     def _kernel_applies(self, x: Tensor) -> bool:

@@ -69,10 +69,11 @@ def test_everything_else_is_nn_linears_own_product(bias):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_16_bit_layer_runs_the_kernel_and_rounds_once(dtype, bias):
-    """x and W in bf16 (or fp16): the kernel widens both exactly and sums in float32, so the
+    """x, W and b in bf16 (or fp16): the kernel widens them exactly and sums in float32, so the
     output is the float64 product of the same values rounded once to the dtype: within its
     unit roundoff (2⁻⁸ bf16, 2⁻¹¹ fp16) plus float32's sums; nn.Linear's own 16-bit product
-    agrees to within a step or two. More rows: nn.Linear's own bits."""
+    agrees to within a step or two. The op takes x and b in the dtype (y in it too) or in
+    float32, the same sums either way. More rows: nn.Linear's own bits."""
     torch.manual_seed(0)
     plain, layer = _pair(bias)
     plain, layer = plain.to(dtype), layer.to(dtype)
@@ -80,17 +81,31 @@ def test_a_16_bit_layer_runs_the_kernel_and_rounds_once(dtype, bias):
     with torch.no_grad():
         got = layer(x)
         b = None if layer.bias is None else layer.bias.float()
-        kernel = torch.ops.attnlab.float_matmul(x.reshape(-1, 83).float(), layer.weight, b)
+        kernel = torch.ops.attnlab.float_matmul(x.reshape(-1, 83), layer.weight, layer.bias)
+        widened = torch.ops.attnlab.float_matmul(x.reshape(-1, 83).float(), layer.weight, b)
         exact = x.double() @ layer.weight.double().t() + (0 if b is None else b.double())
         theirs = plain(x)
-    assert got.dtype == dtype and got.shape == (2, 3, 45)
-    assert torch.equal(got, kernel.view(2, 3, 45).to(dtype))
+    assert got.dtype == kernel.dtype == dtype and got.shape == (2, 3, 45)
+    assert widened.dtype == torch.float32
+    assert torch.equal(got, kernel.view(2, 3, 45))
+    assert torch.equal(kernel, widened.to(dtype))
     unit = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
     assert ((got.double() - exact).abs() <= unit * exact.abs() + 1e-5).all()
     torch.testing.assert_close(got.float(), theirs.float(), rtol=4 * unit, atol=4 * unit)
     many = torch.randn(9, 83).to(dtype)
     with torch.no_grad():
         assert torch.equal(layer(many), plain(many))
+
+
+def test_the_float_kernel_refuses_mixed_16_bit_inputs():
+    """x, and the bias, are float32 or the weight's own dtype: one error otherwise."""
+    w = torch.randn(4, 8).bfloat16()
+    for x, b in ((torch.randn(1, 8).half(), None), (torch.randn(1, 8).double(), None),
+                 (torch.randn(1, 8).bfloat16(), torch.randn(4).half())):
+        with pytest.raises(RuntimeError, match="attnlab float kernel"):
+            torch.ops.attnlab.float_matmul(x, w, b)
+    with pytest.raises(RuntimeError, match="attnlab float kernel"):
+        torch.ops.attnlab.float_matmul(torch.randn(1, 8).bfloat16(), w.float(), None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
