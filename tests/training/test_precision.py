@@ -38,11 +38,11 @@ def test_mixed_precision_follows_fp32(tmp_path, precision, rel):
     2^15 times too large, and the steps would differ."""
     losses32, norms32, _ = train("fp32", tmp_path / "fp32")
     losses, norms, trainer = train(precision, tmp_path / precision)
-    assert min(norms32) > 0.5  # clipping was active
+    assert min(norms32) > 0.5  # clipping was active (1.2 at least, both CPUs)
     assert losses != losses32  # it did run in lower precision
     assert losses == pytest.approx(losses32, rel=rel)
     assert norms == pytest.approx(norms32, rel=rel)
-    assert losses[-1] < 0.9 * losses[0]  # and it learned
+    assert losses[-1] < 0.9 * losses[0]  # and it learned (0.735 natively and with AVX2 emulated)
     if precision == "fp16":  # the scaler's state is checkpointed for an exact resume
         state = load_trainer_state(list_checkpoints(tmp_path / "fp16" / "checkpoints")[-1])
         assert state["scaler"]["scale"] == trainer.scaler.get_scale()
