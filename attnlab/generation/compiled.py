@@ -36,6 +36,7 @@ reports).
 
 from __future__ import annotations
 
+import inspect
 import time
 import weakref
 
@@ -152,7 +153,12 @@ class CompiledStep:
                     torch._dynamo.mark_static_address(kv.v, guard=False)
                 self._marked = weakref.ref(a)
 
-    def __call__(self, model: nn.Module, *args) -> Tensor:
+    def __call__(self, model: nn.Module, *args, again: bool = False) -> Tensor:
+        """The step's logits. ``again``: the caller's own loop calls with the same model and
+        the same objects, of the same shapes, as its previous call, which ran every guard (a
+        request's later tokens). Dynamo then runs only the guards that tell this function's
+        graphs apart (``skip_guard_eval_unsafe``: nothing it skips can have changed), where
+        all of them took 1.1 ms of a 12 ms compiled bf16 SmolLM2 token on a 2-core Zen 4."""
         function, graphs = self._for(args)
         if not graphs and any(isinstance(a, Tensor) and a.device.type == "cpu" for a in args):
             cpu_kernels.available()  # built or loaded now: the trace only reads the answer
@@ -168,7 +174,11 @@ class CompiledStep:
             config = torch._dynamo.config
             config.recompile_limit = max(config.recompile_limit, 64)
             begun = time.perf_counter()
-        logits = function(model, *args)
+        if again and not new and _SKIP_GUARDS is not None:
+            with _SKIP_GUARDS():
+                logits = function(model, *args)
+        else:
+            logits = function(model, *args)
         if graphs:  # the next step may reuse the graph's output memory: copy the logits out
             logits = logits.clone()
         if new:
@@ -180,6 +190,15 @@ class CompiledStep:
         return logits
 
 
+def _skip_guards():
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+
+
+# (torch 2.6 added the option)
+_SKIP_GUARDS = (_skip_guards if "skip_guard_eval_unsafe" in
+                inspect.signature(torch.compiler.set_stance).parameters else None)
+
+
 class StaticDecoding:
     """The static-cache side of :func:`~attnlab.generation.decoder_only.generate`: made from
     the growing cache the prompt filled, then one compiled step a token."""
@@ -187,6 +206,7 @@ class StaticDecoding:
     def __init__(self, step: CompiledStep, cache, attention_mask: Tensor | None, length: int,
                  capacity: int):
         self.step = step
+        self.model: nn.Module | None = None  # the model of the last step
         self.cache = StaticCache.from_cache(cache, capacity)
         batch, device = cache[0].k.shape[0], cache[0].k.device
         self.slot = length  # the next slot (self.cache.slots holds it as a tensor too)
@@ -203,7 +223,9 @@ class StaticDecoding:
         """Logits of ``token (batch, 1)``, fed at the next slot."""
         self.key_mask[:, self.slot] = True
         self.token.copy_(token)
-        logits = self.step(model, self.token, self.key_mask, self.cache)
+        logits = self.step(model, self.token, self.key_mask, self.cache,
+                           again=self.model is model)
+        self.model = model
         self.cache.slots += 1  # in place: the compiled graph reads the same tensor
         self.slot += 1
         return logits
@@ -234,7 +256,8 @@ class DecoderSteps:
                 self.filled = 1
             return logits[:, -1]
         self.token.copy_(token)
-        logits = self.compiled(self.model, self.token, self.memory, self.src_mask, self.cache)
+        logits = self.compiled(self.model, self.token, self.memory, self.src_mask, self.cache,
+                               again=self.filled > 1)
         self.cache.slots += 1  # in place: the compiled graph reads the same tensor
         self.filled += 1
         return logits

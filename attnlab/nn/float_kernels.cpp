@@ -5,11 +5,13 @@
 //
 // W float32, or float16 / bfloat16 widened to float32 as it is read (half the bytes: a decoded
 // token reads every weight once, so bytes are time; the sums stay float32, so no CPU needs
-// native 16-bit arithmetic). x and b are float32, or W's 16-bit dtype, widened the same way;
+// native 16-bit arithmetic). x and b are float32, or W's 16-bit dtype, widened once a call;
 // y is x's dtype, each sum rounded to it once (so a bf16 layer's call needs no conversions
 // around it). Each thread takes a block of output channels and reads each weight row once for
 // all the rows of x (it stays in L1 between them), with four independent sums of 8 lanes; the
-// same order of sums whatever the threads.
+// same order of sums whatever the threads. (AVX512-BF16's vdpbf16ps, 32 bf16 products an
+// instruction, was slower on a Zen 4: 10.7 against 9.3 ms over SmolLM2's matrices. Two threads
+// read bf16 at 29 GB/s, near float32's 30-32: memory, not widening, is what bounds them.)
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -17,6 +19,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 #include "vectors.h"
 
@@ -30,28 +33,28 @@ using attnlab::widen;
 constexpr int64_t kGrain = 16;  // output channels a thread takes at least
 
 // Σ_k w[k] · x[k] in 4 chains of 8 lanes (then 8 at a time, then one at a time: any width)
-template <typename T, typename X>
-inline float row_dot(const T* w, const X* x, int64_t k) {
+template <typename T>
+inline float row_dot(const T* w, const float* x, int64_t k) {
   f8 a[4] = {};
   int64_t i = 0;
   for (; i + 32 <= k; i += 32)
-    for (int u = 0; u < 4; ++u) a[u] += widen(w + i + 8 * u) * widen(x + i + 8 * u);
-  for (; i + 8 <= k; i += 8) a[0] += widen(w + i) * widen(x + i);
+    for (int u = 0; u < 4; ++u) a[u] += widen(w + i + 8 * u) * load(x + i + 8 * u);
+  for (; i + 8 <= k; i += 8) a[0] += widen(w + i) * load(x + i);
   float tail = 0;
-  for (; i < k; ++i) tail += static_cast<float>(w[i]) * static_cast<float>(x[i]);
+  for (; i < k; ++i) tail += static_cast<float>(w[i]) * x[i];
   return lane_sum((a[0] + a[1]) + (a[2] + a[3])) + tail;
 }
 
-// y = x · Wᵀ + b, x and y of one dtype X (float32 or T), the bias float32 or T (or none)
-template <typename T, typename X>
-void product(const X* x, const T* w, const void* bias, bool bias_is_t, X* y, int64_t m,
+// y = x · Wᵀ + b, x float32, y float32 or T (each sum rounded once), the bias float32 or T
+template <typename T, typename Y>
+void product(const float* x, const T* w, const void* bias, bool bias_is_t, Y* y, int64_t m,
              int64_t n, int64_t k) {
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
     for (int64_t o = n0; o < n1; ++o) {
       const float b = !bias ? 0.f
                       : bias_is_t ? static_cast<float>(static_cast<const T*>(bias)[o])
                                   : static_cast<const float*>(bias)[o];
-      for (int64_t r = 0; r < m; ++r) y[r * n + o] = X(row_dot(w + o * k, x + r * k, k) + b);
+      for (int64_t r = 0; r < m; ++r) y[r * n + o] = Y(row_dot(w + o * k, x + r * k, k) + b);
     }
   });
 }
@@ -61,10 +64,15 @@ void run(const at::Tensor& x, const at::Tensor& weight, const void* bias, bool b
          at::Tensor& y) {
   const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
   const T* w = weight.data_ptr<T>();
-  if (x.scalar_type() == at::kFloat)
+  if (x.scalar_type() == at::kFloat) {
     product(x.data_ptr<float>(), w, bias, bias_is_t, y.data_ptr<float>(), m, n, k);
-  else
-    product(x.data_ptr<T>(), w, bias, bias_is_t, y.data_ptr<T>(), m, n, k);
+    return;
+  }
+  // 16-bit x: widened once here (a few KB), not once for every output channel
+  std::vector<float> wide(m * k);
+  const T* xs = x.data_ptr<T>();
+  for (int64_t i = 0; i < m * k; ++i) wide[i] = static_cast<float>(xs[i]);
+  product(wide.data(), w, bias, bias_is_t, y.data_ptr<T>(), m, n, k);
 }
 
 at::Tensor float_matmul(const at::Tensor& x, const at::Tensor& weight,

@@ -93,6 +93,46 @@ def test_no_recompilation_after_the_first_token():
     assert out.shape == (1, 23)
 
 
+def test_a_requests_later_tokens_run_only_the_guards_that_tell_graphs_apart(monkeypatch):
+    """A request's first step runs all of Dynamo's guards; its later steps, with the same model
+    and objects, only those that tell the graphs apart (``skip_guard_eval_unsafe``), and give
+    the eager step's logits; another model object, a new request or a new shape: all again."""
+    from attnlab.generation import compiled as module
+
+    if module._SKIP_GUARDS is None:
+        pytest.skip("this torch has no skip_guard_eval_unsafe (torch < 2.6)")
+    skipped = []
+
+    def counting():
+        skipped.append(True)
+        return real()
+
+    real = module._SKIP_GUARDS
+    monkeypatch.setattr(module, "_SKIP_GUARDS", counting)
+    torch._dynamo.reset()
+    model, other = family("llama"), family("llama")
+    step = CompiledStep(backend="eager")
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        for request in range(2):
+            cache = model.new_cache(capacity=16, rolling=False)
+            model(ids, cache=cache)
+            static = StaticDecoding(step, cache, None, 3, 16)
+            for t in range(6):
+                before = len(skipped)
+                logits = static(other if t == 3 else model, torch.tensor([[8 + t]]))
+                all_guards = t == 0 or t == 3 or t == 4  # first, another model, back again
+                assert len(skipped) == before + (not all_guards), (request, t)
+                eager = (other if t == 3 else model)(torch.tensor([[8 + t]]), cache=cache)
+                assert (logits - eager[:, -1]).abs().max() <= 1e-5
+        cache = model.new_cache(capacity=16, rolling=False)
+        model(ids.expand(2, -1), cache=cache)
+        static = StaticDecoding(step, cache, None, 3, 16)  # batch 2: a new shape
+        before = len(skipped)  # even when the caller says "again", a new shape runs them all
+        step(model, static.token, static.key_mask, static.cache, again=True)
+        assert len(skipped) == before and step.compiles == 3  # (each model its own graph)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral"])
 def test_generate_with_the_compiled_step_gives_greedy_tokens(name):
     """The left-padded batch and a single row, 24 new tokens (past the window): the same
