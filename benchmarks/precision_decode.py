@@ -1,0 +1,86 @@
+"""Compiled bf16 against compiled fp32 decoding, one process: SmolLM2-135M at batch 1 (#25's
+bf16 target, at least 1.7x fp32 where bf16 is native).
+
+Both models are loaded, compiled and warmed first; then rounds of ``--tokens`` greedy tokens
+alternate between them, so that each ratio compares rounds seconds apart on a shared machine
+(separate processes minutes apart moved by up to 20%). With ``--full-guards`` each precision also
+runs a copy of its loop that makes Dynamo check every guard at every token (what a request's
+first step does), to measure what checking only the guards that tell graphs apart saves.
+
+    .venv/bin/python benchmarks/precision_decode.py [--rounds 5] [--tokens 64] [--full-guards]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--full-guards", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import attnlab
+    from attnlab import hardware
+    from attnlab.generation.compiled import CompiledStep, StaticDecoding, capacity_for
+    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.storage import smollm2_path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from int_kernels import machine_line
+
+    class EveryGuard(StaticDecoding):  # forgets the last model: every step checks all guards
+        def __call__(self, model, token):
+            self.model = None
+            return super().__call__(model, token)
+
+    print(f"{machine_line(args.threads)}; native bf16: {hardware.cpu_bf16().reason}")
+    length = args.rounds * args.tokens + 8
+    loops = {}
+    with torch.no_grad():
+        for precision in ("fp32", "bf16"):
+            loaded = attnlab.load(str(smollm2_path()))
+            model = for_decoding(loaded.model, "cpu", precision, False)
+            prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")])
+            step = CompiledStep()
+            kinds = (StaticDecoding, EveryGuard) if args.full_guards else (StaticDecoding,)
+            for kind in kinds:
+                cache = model.new_cache(capacity=prompt.shape[1] + length, rolling=False)
+                token = model(prompt, cache=cache)[:, -1:].argmax(-1)
+                loop = kind(step, cache, None, prompt.shape[1],
+                            capacity_for(prompt.shape[1] + length, model.config.context))
+                for _ in range(3):  # the compile, then the allocations
+                    token = loop(model, token).argmax(-1, keepdim=True)
+                name = precision + (", every guard" if kind is EveryGuard else "")
+                loops[name] = [model, loop, token, []]
+        for _ in range(args.rounds):
+            for entry in loops.values():
+                model, loop, token, rates = entry
+                begun = time.perf_counter()
+                for _ in range(args.tokens):
+                    token = loop(model, token).argmax(-1, keepdim=True)
+                rates.append(args.tokens / (time.perf_counter() - begun))
+                entry[2] = token
+    print(f"| loop | tokens/s, {args.rounds} rounds of {args.tokens} | median |")
+    print("|---|---|---|")
+    for name, (_, _, _, rates) in loops.items():
+        print(f"| {name} | {', '.join(f'{r:.1f}' for r in rates)} | "
+              f"{sorted(rates)[len(rates) // 2]:.1f} |")
+    ratios = [b / f for b, f in zip(loops["bf16"][3], loops["fp32"][3], strict=True)]
+    print(f"bf16 / fp32 in each round: {', '.join(f'{r:.2f}' for r in ratios)} "
+          f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x; the target is 1.7x)")
+
+
+if __name__ == "__main__":
+    main()
