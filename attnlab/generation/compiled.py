@@ -31,7 +31,10 @@ A capacity bucket keeps the number of compiled graphs small (one per batch size 
 encoder–decoder's also per source length, which ``translate`` pads to a multiple of
 :data:`~attnlab.generation.translation.SOURCE_BUCKET`); inductor's caches persist on disk
 between runs, while Dynamo traces the step again in each process (the compile time the CLI
-reports).
+reports). Each call checks Dynamo's guards, some 2,500 over the model's modules, weights and
+the cache (1.1 ms of a 12 ms bf16 SmolLM2 token on a CPU): a request's first step checks them
+all, its later steps, whose model and objects the loop itself keeps, only those that tell the
+graphs apart (``CompiledStep(..., again=True)``).
 """
 
 from __future__ import annotations
