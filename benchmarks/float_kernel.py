@@ -8,10 +8,9 @@ products, ``y = x · Wᵀ`` for ``--rows`` rows of ``x``, by:
 * ``torch.ops.attnlab.float_matmul`` (what ``KernelLinear`` runs), row-major ``W``;
 * ``torch.nn.functional.linear`` with ``W`` row-major, and stored input-major (what
   ``decoding_layout_`` did before the kernel);
-* with ``--dtype bf16``: the same matrices in bfloat16, attnlab's kernel with bf16 ``x`` (what a
-  bf16 ``KernelLinear`` runs: ``vdpbf16ps`` where ATen runs AVX-512 and the CPU has
-  AVX512-BF16, else ``x`` and each weight widened to float32) and with float32 ``x`` (always
-  the widening kernel), against PyTorch's bf16 product (bf16 ``x``).
+* with ``--dtype bf16``: the same matrices in bfloat16, attnlab's kernel with bf16 ``x`` and
+  ``y`` (what a bf16 ``KernelLinear`` runs: ``x`` widened once a call) and with float32 ``x``
+  and ``y``, each weight widened to float32 as it is read, against PyTorch's bf16 product.
 
 Each figure is the best of 5 passes; GB/s is the weights' bytes over the time.
 
@@ -66,6 +65,10 @@ def main() -> None:
     for w in weights[:4] + weights[-1:]:  # the same products first
         x = xs[w.shape[1]]
         assert torch.allclose(ours(x, w, None), F.linear(x, w.float()), atol=1e-3, rtol=1e-4)
+        if dtype != torch.float32:  # bf16 x: the float64 product of the same values, rounded
+            h = x.to(dtype)
+            exact = h.double() @ w.double().t()
+            assert ((ours(h, w, None).double() - exact).abs() <= 2**-8 * exact.abs() + 1e-4).all()
     half = {k: x.to(dtype) for k, x in xs.items()}
     runs = {"attnlab float_matmul": one_pass(lambda x, w: ours(x, w, None), weights,
                                              xs if dtype == torch.float32 else half)}

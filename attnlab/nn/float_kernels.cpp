@@ -11,15 +11,15 @@
 // all the rows of x (it stays in L1 between them), with four independent sums of 8 lanes; the
 // same order of sums whatever the threads. (AVX512-BF16's vdpbf16ps, 32 bf16 products an
 // instruction, was slower on a Zen 4: 10.7 against 9.3 ms over SmolLM2's matrices. Two threads
-// read bf16 at 29 GB/s, near float32's 30-32: memory, not widening, is what bounds them.)
+// read bf16 at 28.6-30 GB/s and float32 at 29.8-32.5: memory, more than widening, bounds them.)
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <optional>
-#include <vector>
 
 #include "vectors.h"
 
@@ -68,11 +68,12 @@ void run(const at::Tensor& x, const at::Tensor& weight, const void* bias, bool b
     product(x.data_ptr<float>(), w, bias, bias_is_t, y.data_ptr<float>(), m, n, k);
     return;
   }
-  // 16-bit x: widened once here (a few KB), not once for every output channel
-  std::vector<float> wide(m * k);
+  // 16-bit x: widened once here, on one thread (a few KB for the few rows KernelLinear sends),
+  // not once for every output channel
+  std::unique_ptr<float[]> wide(new float[m * k]);
   const T* xs = x.data_ptr<T>();
   for (int64_t i = 0; i < m * k; ++i) wide[i] = static_cast<float>(xs[i]);
-  product(wide.data(), w, bias, bias_is_t, y.data_ptr<T>(), m, n, k);
+  product(wide.get(), w, bias, bias_is_t, y.data_ptr<T>(), m, n, k);
 }
 
 at::Tensor float_matmul(const at::Tensor& x, const at::Tensor& weight,

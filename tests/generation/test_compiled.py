@@ -99,7 +99,7 @@ def test_a_requests_later_tokens_run_only_the_guards_that_tell_graphs_apart(monk
     the eager step's logits; another model object, a new request or a new shape: all again."""
     from attnlab.generation import compiled as module
 
-    if module._SKIP_GUARDS is None:
+    if not module._may_skip_guards():
         pytest.skip("this torch has no skip_guard_eval_unsafe (torch < 2.6)")
     skipped = []
 
@@ -131,6 +131,37 @@ def test_a_requests_later_tokens_run_only_the_guards_that_tell_graphs_apart(monk
         before = len(skipped)  # even when the caller says "again", a new shape runs them all
         step(model, static.token, static.key_mask, static.cache, again=True)
         assert len(skipped) == before and step.compiles == 3  # (each model its own graph)
+
+
+def test_the_guards_a_later_step_skips_are_not_checked():
+    """What skipping means, and why only the loop's own later steps may: a change that only a
+    skipped guard sees (a dropout module put in training mode) runs the old graph under
+    ``again``, and a step that checks every guard compiles a new one (Dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    from attnlab.generation import compiled as module
+
+    if not module._may_skip_guards():
+        pytest.skip("this torch has no skip_guard_eval_unsafe (torch < 2.6)")
+    torch._dynamo.reset()
+    counters.clear()
+    model = family("llama")
+    drop = next(m for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    step = CompiledStep(backend="eager")
+    with torch.no_grad():
+        cache = model.new_cache(capacity=16, rolling=False)
+        model(torch.tensor([[5, 6, 7]]), cache=cache)
+        static = StaticDecoding(step, cache, None, 3, 16)
+        static(model, torch.tensor([[8]]))
+        static(model, torch.tensor([[9]]))
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs == 1
+        drop.train()
+        static(model, torch.tensor([[10]]))  # again: the guard on .training is not checked
+        assert counters["stats"]["unique_graphs"] == graphs
+        static.model = None  # as a request's first step: every guard, so a new graph
+        static(model, torch.tensor([[11]]))
+        assert counters["stats"]["unique_graphs"] == graphs + 1
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])
@@ -271,14 +302,20 @@ def searches_equal_eager(model: Transformer, src: torch.Tensor, step: CompiledSt
 
 
 @pytest.mark.parametrize("name", ["transformer", "t5"])
-def test_encoder_decoder_greedy_and_beam_with_the_compiled_step(name):
+def test_encoder_decoder_greedy_and_beam_with_the_compiled_step(name, monkeypatch):
     """Greedy and beam search (k = 4: the static cache's rows reordered in place every step)
     give the eager search's tokens and scores; one graph per batch shape, none compiled again
-    after the first token (Dynamo's counters)."""
+    after the first token (Dynamo's counters); the later steps skip the guards that do not
+    tell graphs apart."""
     from torch._dynamo.utils import counters
 
+    from attnlab.generation import compiled as module
     from attnlab.generation.beam import beam_search
 
+    skipped = []
+    if module._may_skip_guards():
+        real = module._SKIP_GUARDS
+        monkeypatch.setattr(module, "_SKIP_GUARDS", lambda: skipped.append(1) or real())
     torch._dynamo.reset()
     counters.clear()
     model = encoder_decoder(name)
@@ -288,6 +325,7 @@ def test_encoder_decoder_greedy_and_beam_with_the_compiled_step(name):
     step = CompiledStep(backend="eager", function=encoder_decoder_token)
     want = searches_equal_eager(model, src, step)
     assert step.compiles == 2 and counters["stats"]["unique_graphs"] == 2  # batch 3 and 3 · 4
+    assert len(skipped) > 20 or not module._may_skip_guards()  # 42 here: greedy, then beam
     # translate pads the source to a bucket when it compiles: the same search
     padded = torch.nn.functional.pad(src, (0, SOURCE_BUCKET - src.shape[1]))
     assert torch.equal(beam_search(model, padded, 4, max_len=24, compiled=step), want)
