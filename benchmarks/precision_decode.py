@@ -5,9 +5,12 @@ Both models are loaded, compiled and warmed first; then rounds of ``--tokens`` g
 alternate between them, so that each ratio compares rounds seconds apart on a shared machine
 (separate processes minutes apart moved by up to 20%). With ``--full-guards`` each precision also
 runs a copy of its loop that makes Dynamo check every guard at every token (what a request's
-first step does), to measure what checking only the guards that tell graphs apart saves.
+first step does), to measure what checking only the guards that tell graphs apart saves; with
+``--cpp-wrapper``, a copy compiled with inductor's C++ wrapper (the graph's calls made from C++,
+not from a Python function).
 
     .venv/bin/python benchmarks/precision_decode.py [--rounds 5] [--tokens 64] [--full-guards]
+        [--cpp-wrapper]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--full-guards", action="store_true")
+    p.add_argument("--cpp-wrapper", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -45,6 +49,15 @@ def main() -> None:
             self.model = None
             return super().__call__(model, token)
 
+    class CppWrapper(CompiledStep):  # the same step, its graph called from C++
+        def _for(self, args):
+            if "cpu" not in self._compiled:
+                options = {"size_asserts": False, "alignment_asserts": False,
+                           "cpp_wrapper": True}
+                self._compiled["cpu"] = (torch.compile(self.function, dynamic=False,
+                                                       fullgraph=True, options=options), False)
+            return self._compiled["cpu"]
+
     print(f"{machine_line(args.threads)}; native bf16: {hardware.cpu_bf16().reason}")
     length = args.rounds * args.tokens + 8
     loops = {}
@@ -53,17 +66,19 @@ def main() -> None:
             loaded = attnlab.load(str(smollm2_path()))
             model = for_decoding(loaded.model, "cpu", precision, False)
             prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")])
-            step = CompiledStep()
-            kinds = (StaticDecoding, EveryGuard) if args.full_guards else (StaticDecoding,)
-            for kind in kinds:
+            kinds = [("", StaticDecoding, CompiledStep())]
+            if args.full_guards:
+                kinds.append((", every guard", EveryGuard, kinds[0][2]))
+            if args.cpp_wrapper:
+                kinds.append((", C++ wrapper", StaticDecoding, CppWrapper()))
+            for label, kind, step in kinds:
                 cache = model.new_cache(capacity=prompt.shape[1] + length, rolling=False)
                 token = model(prompt, cache=cache)[:, -1:].argmax(-1)
                 loop = kind(step, cache, None, prompt.shape[1],
                             capacity_for(prompt.shape[1] + length, model.config.context))
                 for _ in range(3):  # the compile, then the allocations
                     token = loop(model, token).argmax(-1, keepdim=True)
-                name = precision + (", every guard" if kind is EveryGuard else "")
-                loops[name] = [model, loop, token, []]
+                loops[precision + label] = [model, loop, token, []]
         for _ in range(args.rounds):
             for entry in loops.values():
                 model, loop, token, rates = entry
