@@ -10,7 +10,7 @@ first step does), to measure what checking only the guards that tell graphs apar
 not from a Python function).
 
     .venv/bin/python benchmarks/precision_decode.py [--rounds 5] [--tokens 64] [--full-guards]
-        [--cpp-wrapper]
+        [--cpp-wrapper] [--precisions fp32 bf16 int4]
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--full-guards", action="store_true")
     p.add_argument("--cpp-wrapper", action="store_true")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"],
+                   choices=["fp32", "bf16", "int4"],
+                   help="int4: the file's Q4_1 codes, float_dtype() around them")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -62,9 +65,10 @@ def main() -> None:
     length = args.rounds * args.tokens + 8
     loops = {}
     with torch.no_grad():
-        for precision in ("fp32", "bf16"):
-            loaded = attnlab.load(str(smollm2_path()))
-            model = for_decoding(loaded.model, "cpu", precision, False)
+        for precision in args.precisions:
+            int4 = precision == "int4"
+            loaded = attnlab.load(str(smollm2_path()), int4=int4)
+            model = for_decoding(loaded.model, "cpu", "bf16" if int4 else precision, int4)
             prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")])
             kinds = [("", StaticDecoding, CompiledStep())]
             if args.full_guards:
@@ -92,6 +96,8 @@ def main() -> None:
     for name, (_, _, _, rates) in loops.items():
         print(f"| {name} | {', '.join(f'{r:.1f}' for r in rates)} | "
               f"{sorted(rates)[len(rates) // 2]:.1f} |")
+    if "bf16" not in loops or "fp32" not in loops:
+        return
     ratios = [b / f for b, f in zip(loops["bf16"][3], loops["fp32"][3], strict=True)]
     print(f"bf16 / fp32 in each round: {', '.join(f'{r:.2f}' for r in ratios)} "
           f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x; the target is 1.7x)")
