@@ -166,21 +166,21 @@ class CompiledStep:
         Dynamo's stance is the process's: the steps of every ``CompiledStep`` run one at a
         time, and a stance the user set (``force_eager``, …) is kept; another compiled
         function that a thread of the caller's own runs meanwhile would skip its guards too."""
+        shape = _signature(model, args)
+        new = shape not in self._shapes
+        if new:  # a compile's time includes importing Dynamo and inductor (0.8 s, the first)
+            begun = time.perf_counter()
+            # Each shape is a graph of its own (a server's row counts times capacity buckets):
+            # more than Dynamo's default of 8 a function. Its settings are per thread, and the
+            # thread that compiles (a server's engine) decides.
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, 64)
         function, graphs = self._for(args)
         if not graphs and any(isinstance(a, Tensor) and a.device.type == "cpu" for a in args):
             cpu_kernels.available()  # built or loaded now: the trace only reads the answer
         if graphs:
             self._mark_static(args)
             torch.compiler.cudagraph_mark_step_begin()  # each call is a new step
-        shape = _signature(model, args)
-        new = shape not in self._shapes
-        if new:
-            # Each shape is a graph of its own (a server's row counts times capacity buckets):
-            # more than Dynamo's default of 8 a function. Its settings are per thread, and the
-            # thread that compiles (a server's engine) decides.
-            config = torch._dynamo.config
-            config.recompile_limit = max(config.recompile_limit, 64)
-            begun = time.perf_counter()
         with _ONE_STEP:
             if again and not new and _may_skip_guards():
                 with _SKIP_GUARDS():
