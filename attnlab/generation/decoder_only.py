@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import BadInput
-from attnlab.nn.layout import decoding_layout_, fuse_projections_
+from attnlab.nn import cpu_kernels
+from attnlab.nn.layout import decoding_layout_, float32_activations_, fuse_projections_
 
 if TYPE_CHECKING:
     from attnlab.generation.compiled import CompiledStep
@@ -145,23 +146,35 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
     every weight once per token, so half the bytes is what makes it faster) and, on a CPU, its
     fp32, bf16 or fp16 linears on attnlab's few-row kernel (:func:`decoding_layout_`; where
     that cannot be built, fp32 is stored input-major for ``rows`` = 1 sequence, row-major for
-    a batch). An
+    a batch). On that kernel only the matrices take ``precision``: the activations, norms and
+    KV cache are float32, as in llama.cpp (:func:`~attnlab.nn.layout.float32_activations_`);
+    elsewhere (a GPU) the whole model is cast. An
     ``integer`` model (``--int4``, ``--int8``) keeps its integer matrices and the float dtype
-    ``quantize`` gave the rest, runs on the CPU only, and gets an int8 output layer
+    ``quantize`` gave the other matrices (float32 activations on the kernel), runs on the CPU
+    only, and gets an int8 output layer
     (:func:`integer_head`). Integer and kernel layers have their Q/K/V and W₁/W₃ stacked into
     one product each (:func:`~attnlab.nn.layout.fuse_projections_`). ``model`` is changed in
     place and its names change (``qkv``, ``w13``): a model for decoding, not one to save or to
     add adapters to."""
+    on_cpu = (torch.device(device).type if device is not None
+              else next(model.parameters()).device.type) == "cpu"
     if integer:
-        if device is not None and torch.device(device).type != "cpu":
+        if not on_cpu:
             raise BadInput(f"integer weights (--int4, --int8) run on the CPU only, not on "
                            f"{device}")
         integer_head(model)
+        dtype = None  # the float matrices keep the dtype quantize gave them
     else:
         from attnlab.hardware import DTYPES
 
-        model = model.to(device=device, dtype=DTYPES[precision])
-    return fuse_projections_(decoding_layout_(model, rows))  # (after: KernelLinear)
+        dtype = DTYPES[precision]
+        kernel = on_cpu and cpu_kernels.available()  # its float32_activations_ cast below
+        model = model.to(device) if kernel and device is not None else model
+        model = model if kernel else model.to(device=device, dtype=dtype)
+    model = fuse_projections_(decoding_layout_(model, rows))  # (after: KernelLinear)
+    if on_cpu and cpu_kernels.available():
+        float32_activations_(model, dtype)
+    return model
 
 
 def integer_head(model: nn.Module) -> None:
@@ -170,7 +183,6 @@ def integer_head(model: nn.Module) -> None:
     in float32, the largest matrix a token reads, and 28 MB in int8; measured in
     docs/benchmarks.md (speed, and nats per token). Only where attnlab's int8 kernel runs:
     its float32 activations keep the logits' order, which PyTorch's bf16 kernel did not."""
-    from attnlab.nn import cpu_kernels
     from attnlab.nn.quantized import Int8Linear
 
     head = getattr(model, "lm_head", None)

@@ -20,7 +20,11 @@ from attnlab.errors import BadInput
 
 
 class TokenEmbedding(nn.Module):
-    """``E[ids] · scale`` with ``scale = √d_model`` when ``scale_by_sqrt_d`` is set, else 1."""
+    """``E[ids] · scale`` with ``scale = √d_model`` when ``scale_by_sqrt_d`` is set, else 1.
+    ``out_dtype``: the rows widened to it (a 16-bit table feeding float32 activations, as
+    :func:`~attnlab.nn.layout.float32_activations_` sets for decoding); None: ``E``'s own."""
+
+    out_dtype: torch.dtype | None = None
 
     def __init__(self, vocab_size: int, d_model: int, scale_by_sqrt_d: bool = True,
                  init_std: float | None = None):
@@ -44,4 +48,6 @@ class TokenEmbedding(nn.Module):
                 f"got {int(ids.min())}..{int(ids.max())}"
             )
         x = nn.functional.embedding(ids, self.weight)
+        if self.out_dtype is not None:
+            x = x.to(self.out_dtype)
         return x * self.scale if self.scale != 1.0 else x
