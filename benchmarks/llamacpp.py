@@ -53,6 +53,7 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
     import attnlab
     from attnlab.generation.compiled import CompiledStep
     from attnlab.generation.decoder_only import for_decoding, generate
+    from attnlab.hardware import DTYPES
     from attnlab.nn.quantized import float_dtype
 
     torch.set_num_threads(threads)
@@ -74,13 +75,26 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
         out = generate(model, prompt, new, on_token=lambda _: ticks.append(time.perf_counter()),
                        compiled=compiled)
     weights = _bytes_read(model)
-    kv_dtype = float_dtype() if int4 or int8 else torch.bfloat16 if bf16 else torch.float32
+    kv_dtype = _cache_dtype(model, prompt)
     return dict(prompt=prompt[0].tolist(), ids=out[0, prompt.shape[1]:].tolist(),
                 prefill_tps=prefill / prefill_s, decode_tps=(new - 1) / (ticks[-1] - ticks[0]),
                 weight_bytes=weights, kv_bytes=_kv_bytes(model.config, kv_dtype.itemsize),
-                precision=("int4 codes, 16-bit activations, int8 head" if int4 else
-                           "int8 per channel, fp32 activations, int8 head" if int8 else precision)
+                precision=("int4 codes" if int4 else "int8 per channel" if int8 else precision)
+                + f", {str(float_dtype() if int4 or int8 else DTYPES[precision])[6:]} matrices"
+                + f", {str(kv_dtype)[6:]} activations and KV cache"
+                + (", int8 head" if int4 or int8 else "")
                 + (f", compiled ({compiled.compile_seconds:.0f} s)" if compile else ""))
+
+
+def _cache_dtype(model, prompt):
+    """The dtype of the KV cache that ``model`` fills (float32 on the CPU kernel, whatever
+    the matrices' precision: ``float32_activations_``)."""
+    import torch
+
+    cache = model.new_cache(4)
+    with torch.no_grad():
+        model(prompt[:, :1], cache=cache)
+    return cache[0].k.dtype
 
 
 def llamacpp_worker(path: str, kind: str, threads: int, new: int, prefill: int) -> dict:

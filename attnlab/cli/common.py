@@ -358,18 +358,28 @@ def decoding_runtime(args: argparse.Namespace) -> tuple[torch.device, str, str]:
     bits = integer_bits(args)
     if bits:
         if args.precision not in (None, "auto", "bf16"):
-            raise UsageError(f"--int{bits} computes in bf16; drop --precision {args.precision}")
+            raise UsageError(f"--int{bits} sets its own precision (integer weights, float32 "
+                             f"activations); drop --precision {args.precision}")
         args.device = "cpu" if args.device == "auto" else args.device
     device, precision = runtime(args)
-    return device, precision, integer_label(bits) if bits else precision
+    if bits:
+        return device, precision, integer_label(bits)
+    from attnlab.nn import cpu_kernels
+
+    if device.type == "cpu" and precision != "fp32" and cpu_kernels.available():
+        return device, precision, f"{precision} weights, float32 activations"  # (for_decoding)
+    return device, precision, precision
 
 
 def integer_label(bits: int) -> str:
-    """What ``announce`` says of an integer model: its weights and the float dtype around
-    them (bfloat16 where the CPU runs it natively, else float32)."""
+    """What ``announce`` says of an integer model: its weights, the dtype of its float
+    matrices (bfloat16 where the CPU runs it natively, else float32) and, on attnlab's CPU
+    kernels, float32 activations (``for_decoding``)."""
+    from attnlab.nn import cpu_kernels
     from attnlab.nn.quantized import float_dtype
 
-    return f"int{bits} weights, {str(float_dtype()).removeprefix('torch.')} elsewhere"
+    label = f"int{bits} weights, {str(float_dtype()).removeprefix('torch.')} float matrices"
+    return label + (", float32 activations" if cpu_kernels.available() else "")
 
 
 def check_decoding_args(args: argparse.Namespace, ids: torch.Tensor) -> None:

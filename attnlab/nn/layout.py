@@ -32,9 +32,11 @@ class KernelLinear(nn.Linear):
     attnlab's kernel (:mod:`attnlab.nn.cpu_kernels`), ``y = x · Wᵀ + b`` with each row of
     ``W (out, in)`` read once for all the rows of ``x (…, in)``. On a 2-core AVX2 EPYC it read
     SmolLM2's fp32 matrices 1.7–2x faster than PyTorch's one-row kernel, 3x with 4 rows
-    (docs/benchmarks.md). A bfloat16 or float16 layer (``x`` and ``W`` of that dtype) runs the
-    same kernel: ``x`` and ``W`` widened exactly to float32, the sums in float32 and ``y``
-    rounded once to the dtype, as ``nn.Linear``'s own product does up to the order of the sums
+    (docs/benchmarks.md). A bfloat16 or float16 layer runs the same kernel, ``W`` widened
+    exactly to float32 as it is read and the sums in float32: with float32 ``x`` (decoding's
+    activations, :func:`float32_activations_`) ``y`` is float32 and its many-row GEMM rounds
+    ``x`` to the dtype and widens ``y``; with ``x`` in the dtype, ``y`` is rounded once to it,
+    as ``nn.Linear``'s own product does up to the order of the sums
     (with PyTorch's bf16 one-row product, compiled bf16 SmolLM2 decoded at 0.51–0.69x fp32's
     rate on a Zen 4 EPYC, reading half the bytes; the kernel takes 2.4–2.8x less time than
     that product). Anything else (more rows, a gradient to pass, another device or dtype, a

@@ -242,8 +242,8 @@ def test_more_shots_than_demonstrations_is_named_with_the_numbers(capsys, files)
     (("--shots", "-1"), "--shots must be >= 0, got -1"),
     (("--limit", "0"), "--limit must be >= 1, got 0"),
     (("--batch", "0"), "--batch must be >= 1, got 0"),
-    (("--int4", "--precision", "fp32"), "--int4 computes in bf16"),
-    (("--int8", "--precision", "fp32"), "--int8 computes in bf16"),
+    (("--int4", "--precision", "fp32"), "--int4 sets its own precision"),
+    (("--int8", "--precision", "fp32"), "--int8 sets its own precision"),
     (("--int4", "--int8"), "--int4 or --int8, not both"),
 ])
 def test_bad_flags(capsys, files, flags, named):
