@@ -9,8 +9,16 @@ first step does), to measure what checking only the guards that tell graphs apar
 ``--cpp-wrapper``, a copy compiled with inductor's C++ wrapper (the graph's calls made from C++,
 not from a Python function).
 
+With ``--16-bit-activations`` each 16-bit or integer precision also runs as it decoded before
+the seventh pass: every float tensor but the integer codes in bfloat16, so the activations and
+the KV cache are bf16 too (now they are float32 around the 16-bit matrices,
+``float32_activations_``). ``--prompt N`` starts each loop after N tokens of context (a long
+conversation: the KV cache's bytes grow with it). ``--same-tokens N`` first compares, for each
+loop's model, N greedy tokens of eager ``generate`` and of ``generate`` with the compiled step.
+
     .venv/bin/python benchmarks/precision_decode.py [--rounds 5] [--tokens 64] [--full-guards]
-        [--cpp-wrapper] [--precisions fp32 bf16 int4]
+        [--cpp-wrapper] [--16-bit-activations] [--prompt 0] [--same-tokens 0]
+        [--precisions fp32 bf16 int4]
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--full-guards", action="store_true")
     p.add_argument("--cpp-wrapper", action="store_true")
+    p.add_argument("--16-bit-activations", dest="lowp", action="store_true")
+    p.add_argument("--prompt", type=int, default=0, help="tokens of context before the loops")
+    p.add_argument("--same-tokens", type=int, default=0)
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"],
                    choices=["fp32", "bf16", "int4"],
                    help="int4: the file's Q4_1 codes, float_dtype() around them")
@@ -41,7 +52,7 @@ def main() -> None:
     import attnlab
     from attnlab import hardware
     from attnlab.generation.compiled import CompiledStep, StaticDecoding, capacity_for
-    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.generation.decoder_only import for_decoding, generate
     from attnlab.storage import smollm2_path
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -64,12 +75,30 @@ def main() -> None:
     print(f"{machine_line(args.threads)}; native bf16: {hardware.cpu_bf16().reason}")
     length = args.rounds * args.tokens + 8
     loops = {}
-    with torch.no_grad():
-        for precision in args.precisions:
-            int4 = precision == "int4"
+    models = []
+    for precision in args.precisions:
+        int4 = precision == "int4"
+        versions = [False] + ([True] if args.lowp and precision != "fp32" else [])
+        for lowp in versions:
             loaded = attnlab.load(str(smollm2_path()), int4=int4)
             model = for_decoding(loaded.model, "cpu", "bf16" if int4 else precision, int4)
-            prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")])
+            models.append((precision + (", 16-bit activations" if lowp else ""),
+                           sixteen_bit_activations(model) if lowp else model, loaded.tokenizer))
+    with torch.no_grad():
+        for name, model, tokenizer in models:
+            prompt = torch.tensor([tokenizer.encode("The history of Paris begins")])
+            if args.prompt:  # some context: token ids from the vocabulary, a fixed seed
+                prompt = torch.randint(100, 20000, (1, args.prompt),
+                                       generator=torch.Generator().manual_seed(0))
+            if args.same_tokens:
+                torch._dynamo.reset()
+                eager = generate(model, prompt, args.same_tokens)[0].tolist()
+                compiled = generate(model, prompt, args.same_tokens,
+                                    compiled=CompiledStep())[0].tolist()
+                same = next((i for i, (a, b) in enumerate(zip(eager, compiled, strict=True))
+                             if a != b), len(eager)) - prompt.shape[1]
+                print(f"{name}: compiled and eager give the same first {same} of "
+                      f"{args.same_tokens} greedy tokens", flush=True)
             kinds = [("", StaticDecoding, CompiledStep())]
             if args.full_guards:
                 kinds.append((", every guard", EveryGuard, kinds[0][2]))
@@ -82,7 +111,7 @@ def main() -> None:
                             capacity_for(prompt.shape[1] + length, model.config.context))
                 for _ in range(3):  # the compile, then the allocations
                     token = loop(model, token).argmax(-1, keepdim=True)
-                loops[precision + label] = [model, loop, token, []]
+                loops[name + label] = [model, loop, token, []]
         for _ in range(args.rounds):
             for entry in loops.values():
                 model, loop, token, rates = entry
@@ -96,11 +125,43 @@ def main() -> None:
     for name, (_, _, _, rates) in loops.items():
         print(f"| {name} | {', '.join(f'{r:.1f}' for r in rates)} | "
               f"{sorted(rates)[len(rates) // 2]:.1f} |")
-    if "bf16" not in loops or "fp32" not in loops:
-        return
-    ratios = [b / f for b, f in zip(loops["bf16"][3], loops["fp32"][3], strict=True)]
-    print(f"bf16 / fp32 in each round: {', '.join(f'{r:.2f}' for r in ratios)} "
-          f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x; the target is 1.7x)")
+    for name, (_, loop, _, _) in loops.items():
+        if loop.step.guard_misses:  # (after torch._dynamo.reset(): --same-tokens)
+            print(f"{name}: {loop.step.guard_misses} later steps matched no graph on the "
+                  "differentiating guards and checked them all")
+    for name in loops:
+        if name != "fp32" and "fp32" in loops:
+            ratios = [b / f for b, f in zip(loops[name][3], loops["fp32"][3], strict=True)]
+            print(f"{name} / fp32 in each round: {', '.join(f'{r:.2f}' for r in ratios)} "
+                  f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x"
+                  + ("; the target is 1.7x)" if name == "bf16" else ")"))
+        if name.endswith(", 16-bit activations"):
+            ours = loops[name.removesuffix(", 16-bit activations")][3]
+            ratios = [a / b for a, b in zip(ours, loops[name][3], strict=True)]
+            print(f"{name.split(',')[0]}, float32 activations / 16-bit ones in each round: "
+                  f"{', '.join(f'{r:.2f}' for r in ratios)} "
+                  f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x)")
+
+
+def sixteen_bit_activations(model):
+    """``model`` (from ``for_decoding``) as it decoded before float32 activations: every float
+    parameter and buffer outside the integer layers in bfloat16, the embedding's rows too."""
+
+    from attnlab.nn.embeddings import TokenEmbedding
+    from attnlab.nn.quantized import Int4Linear, Int8Linear
+
+    for m in model.modules():
+        if isinstance(m, (Int4Linear, Int8Linear)):
+            continue
+        for t in m.parameters(recurse=False):
+            if t.is_floating_point():
+                t.data = t.data.bfloat16()
+        for name, t in list(m.named_buffers(recurse=False)):
+            if t.is_floating_point():
+                m._buffers[name] = t.bfloat16()
+        if isinstance(m, TokenEmbedding):
+            m.out_dtype = None
+    return model
 
 
 if __name__ == "__main__":

@@ -121,6 +121,7 @@ class CompiledStep:
         self.backend, self.function = backend, function
         self.compile_seconds = 0.0
         self.compiles = 0
+        self.guard_misses = 0  # ``again`` steps that found no graph and checked every guard
         self._shapes: set[tuple] = set()
         self._compiled: dict[str, tuple] = {}  # device type -> (compiled function, graphs?)
         self._marked = lambda: None  # (a weak reference to) the cache last marked static
@@ -165,7 +166,10 @@ class CompiledStep:
         all of them took 1.1 ms of a 12 ms compiled bf16 SmolLM2 token on a 2-core Zen 4.
         Dynamo's stance is the process's: the steps of every ``CompiledStep`` run one at a
         time, and a stance the user set (``force_eager``, …) is kept; another compiled
-        function that a thread of the caller's own runs meanwhile would skip its guards too."""
+        function that a thread of the caller's own runs meanwhile would skip its guards too.
+        Where those guards match no graph (``torch._dynamo.reset()`` discarded the graphs),
+        the step runs with every guard, compiling again, instead of failing:
+        ``guard_misses`` counts such steps."""
         shape = _signature(model, args)
         new = shape not in self._shapes
         if new:  # a compile's time includes importing Dynamo and inductor (0.8 s, the first)
@@ -182,10 +186,20 @@ class CompiledStep:
             self._mark_static(args)
             torch.compiler.cudagraph_mark_step_begin()  # each call is a new step
         with _ONE_STEP:
+            logits = None
             if again and not new and _may_skip_guards():
-                with _SKIP_GUARDS():
-                    logits = function(model, *args)
-            else:
+                try:
+                    with _SKIP_GUARDS():
+                        logits = function(model, *args)
+                except RuntimeError as error:  # no graph matched on those guards alone
+                    if "skip_guard_eval_unsafe" not in str(error):
+                        raise
+                    # (torch._dynamo.reset() discarded the graphs this step had compiled;
+                    # Dynamo raises at the lookup, before any graph runs): every guard, and
+                    # the compile that follows is timed as one
+                    self.guard_misses += 1
+                    new, begun = True, time.perf_counter()
+            if logits is None:
                 logits = function(model, *args)
         if graphs:  # the next step may reuse the graph's output memory: copy the logits out
             logits = logits.clone()

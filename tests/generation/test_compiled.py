@@ -173,6 +173,47 @@ def test_the_guards_a_later_step_skips_are_not_checked():
         assert counters["stats"]["unique_graphs"] == graphs + 1
 
 
+def test_a_later_step_that_no_graph_matches_checks_every_guard_instead_of_failing():
+    """Under ``again`` Dynamo checks only the guards that tell graphs apart; where those match
+    no graph it raises instead of compiling (``torch._dynamo.reset()`` discarded the graphs
+    that the step had compiled, which a benchmark did between two models). The step then runs
+    with every guard: here a key mask of the same shape but other strides (a guard of the
+    graph, not of the step's own signature) compiles a second graph, counted as a compile,
+    and the logits are the eager step's; so does a step after a reset."""
+    from torch._dynamo.utils import counters
+
+    from attnlab.generation import compiled as module
+
+    if not module._may_skip_guards():
+        pytest.skip("this torch has no skip_guard_eval_unsafe (torch < 2.6)")
+    torch._dynamo.reset()
+    counters.clear()
+    model = family("llama")
+    step = CompiledStep(backend="eager")
+    with torch.no_grad():
+        cache = model.new_cache(capacity=16, rolling=False)
+        model(torch.tensor([[5, 6, 7]]), cache=cache)
+        static = StaticDecoding(step, cache, None, 3, 16)
+        static(model, torch.tensor([[8]]))
+        static(model, torch.tensor([[9]]))
+        assert counters["stats"]["unique_graphs"] == 1 and step.guard_misses == 0
+        strided = torch.zeros(16, 1, dtype=torch.bool).t()  # (1, 16), strides (1, 1)
+        strided[:, :6] = True
+        assert strided.stride() != static.key_mask.stride()
+        logits = step(model, torch.tensor([[10]]), strided, static.cache, again=True)  # slot 5
+        assert step.guard_misses == 1 and counters["stats"]["unique_graphs"] == 2
+        assert step.compiles == 2
+        eager = model(torch.tensor([[8, 9, 10]]), cache=cache)[:, -1]  # the growing cache
+        assert (logits - eager).abs().max() <= 1e-5
+        static.key_mask[:, 5], static.slot = True, 6  # as if the loop had fed slot 5
+        static.cache.slots += 1
+        torch._dynamo.reset()  # the step's graphs are gone; its own bookkeeping is not
+        logits = static(model, torch.tensor([[11]]))
+        assert step.guard_misses == 2 and step.compiles == 3
+        eager = model(torch.tensor([[11]]), cache=cache)[:, -1]
+        assert (logits - eager).abs().max() <= 1e-5
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral"])
 def test_generate_with_the_compiled_step_gives_greedy_tokens(name):
     """The left-padded batch and a single row, 24 new tokens (past the window): the same
