@@ -194,9 +194,10 @@ class CompiledStep:
                 except RuntimeError as error:  # no graph matched on those guards alone
                     if "skip_guard_eval_unsafe" not in str(error):
                         raise
-                    # (torch._dynamo.reset() discarded the graphs this step had compiled;
-                    # Dynamo raises at the lookup, before any graph runs): every guard, and
-                    # the compile that follows is timed as one
+                    # (torch._dynamo.reset() discarded the graphs this step had compiled).
+                    # Dynamo raises at the frame's lookup, and fullgraph=True makes the step
+                    # one frame, so nothing of it ran: every guard now, and the compile that
+                    # follows is timed as one
                     self.guard_misses += 1
                     new, begun = True, time.perf_counter()
             if logits is None:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import BadInput
 from attnlab.nn import cpu_kernels
-from attnlab.nn.layout import decoding_layout_, float32_activations_, fuse_projections_
+from attnlab.nn.layout import KernelLinear, decoding_layout_, fuse_projections_
 
 if TYPE_CHECKING:
     from attnlab.generation.compiled import CompiledStep
@@ -142,13 +142,13 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
 
 def for_decoding(model: nn.Module, device: torch.device | str | None = None,
                  precision: str = "fp32", integer: bool = False, rows: int = 1) -> nn.Module:
-    """``model`` ready to decode on ``device``: its weights cast to ``precision`` (decoding reads
+    """``model`` ready to decode on ``device``: its matrices cast to ``precision`` (decoding reads
     every weight once per token, so half the bytes is what makes it faster) and, on a CPU, its
     fp32, bf16 or fp16 linears on attnlab's few-row kernel (:func:`decoding_layout_`; where
     that cannot be built, fp32 is stored input-major for ``rows`` = 1 sequence, row-major for
     a batch). On that kernel only the matrices take ``precision``: the activations, norms and
-    KV cache are float32, as in llama.cpp (:func:`~attnlab.nn.layout.float32_activations_`);
-    elsewhere (a GPU) the whole model is cast. An
+    KV cache are float32 (:func:`float32_activations_`); elsewhere (a GPU) the whole model is
+    cast. An
     ``integer`` model (``--int4``, ``--int8``) keeps its integer matrices and the float dtype
     ``quantize`` gave the other matrices (float32 activations on the kernel), runs on the CPU
     only, and gets an int8 output layer
@@ -174,6 +174,51 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
     model = fuse_projections_(decoding_layout_(model, rows))  # (after: KernelLinear)
     if on_cpu and cpu_kernels.available():
         float32_activations_(model, dtype)
+    return model
+
+
+@torch.no_grad()
+def float32_activations_(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """Decode with float32 activations around 16-bit matrices, in place; returns ``model``:
+    each :class:`~attnlab.nn.layout.KernelLinear`'s weight and bias and each token embedding's
+    table in ``dtype`` (None: as they are; a parameter tied to one of them follows it), the
+    integer layers as they are, every other floating parameter and buffer (norms, positions,
+    other layers) in float32, positional tables computed again in float32, and the token
+    embeddings' rows widened (``out_dtype``). So the residual stream, the norms, the KV cache
+    and the logits are float32, as llama.cpp keeps the values between its products (its KV
+    cache is 16-bit by default; here it is float32). The kernel widens ``W`` exactly, so a
+    layer computes ``x · Ŵᵀ`` of the rounded weights ``Ŵ`` in float32's sums, for up to its
+    8 rows (a token, a batch of 8); more rows (a prompt, speculative decoding's verification
+    of 11 tokens, a server's larger batch) round ``x`` for the 16-bit GEMM, as before: the
+    kernel at 16 rows took 2x that GEMM's time.
+
+    Why: with bf16 activations every op rounds its output, and the compiled step, which fuses
+    ops and rounds where it fuses, parted from the eager step's greedy SmolLM2 text after 22
+    tokens (now 256 of 256 alike). The cost is the KV cache's bytes: 5–6% of a token at a few
+    hundred positions, 10–12% at 1,600 (docs/benchmarks.md, seventh pass)."""
+    from attnlab.nn.embeddings import TokenEmbedding
+    from attnlab.nn.positional import PositionalEncoding
+    from attnlab.nn.quantized import Int4Linear, Int8Linear
+
+    matrices = {id(t) for m in model.modules() if isinstance(m, (KernelLinear, TokenEmbedding))
+                for t in m.parameters(recurse=False)}
+    for m in model.modules():
+        if isinstance(m, (Int4Linear, Int8Linear)):
+            continue
+        for t in m.parameters(recurse=False):
+            own = dtype if id(t) in matrices else torch.float32
+            if t.is_floating_point() and own is not None and t.dtype != own:
+                t.data = t.data.to(own)  # (the same Parameter: a tied one follows)
+        for name, t in list(m.named_buffers(recurse=False)):
+            if t.is_floating_point() and t.dtype != torch.float32:
+                m._buffers[name] = t.float()
+        if isinstance(m, PositionalEncoding):  # computed in float32, not bf16's values widened
+            device = next((b.device for b in m.buffers(recurse=False)), None)
+            m.reset_buffers()
+            if device is not None:
+                m.to(device)
+        if isinstance(m, TokenEmbedding):
+            m.out_dtype = torch.float32
     return model
 
 

@@ -12,11 +12,6 @@ self-attention's ``[W_Q | W_K | W_V]`` and a gated feed-forward's ``[W₁ | W₃
 layers and for :class:`KernelLinear`. The kernels compute each output row on its own, so the
 values are the same; a decoded token makes 4 products a layer instead of 7 (each call is a
 dispatch from the compiled graph's Python wrapper, rounds its ``x`` or starts its threads).
-
-A 16-bit model decodes on a CPU with 16-bit matrices and float32 activations, as llama.cpp
-does (:func:`float32_activations_`): a token reads the bytes of the 16-bit weights, and the
-only roundings are those of the weights, so the eager and the compiled step agree to float32's
-order of sums and pick the same greedy tokens.
 """
 
 from __future__ import annotations
@@ -34,9 +29,10 @@ class KernelLinear(nn.Linear):
     SmolLM2's fp32 matrices 1.7–2x faster than PyTorch's one-row kernel, 3x with 4 rows
     (docs/benchmarks.md). A bfloat16 or float16 layer runs the same kernel, ``W`` widened
     exactly to float32 as it is read and the sums in float32: with float32 ``x`` (decoding's
-    activations, :func:`float32_activations_`) ``y`` is float32 and its many-row GEMM rounds
-    ``x`` to the dtype and widens ``y``; with ``x`` in the dtype, ``y`` is rounded once to it,
-    as ``nn.Linear``'s own product does up to the order of the sums
+    activations, :func:`~attnlab.generation.decoder_only.float32_activations_`) ``y`` is
+    float32, and a prompt's GEMM rounds ``x`` to the dtype and widens ``y``; with ``x`` in the
+    dtype, ``y`` is rounded once to it, as ``nn.Linear``'s own product does up to the order of
+    the sums
     (with PyTorch's bf16 one-row product, compiled bf16 SmolLM2 decoded at 0.51–0.69x fp32's
     rate on a Zen 4 EPYC, reading half the bytes; the kernel takes 2.4–2.8x less time than
     that product). Anything else (more rows, a gradient to pass, another device or dtype, a
@@ -105,39 +101,6 @@ def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
                 w.data = w.data.t().contiguous().t()
         elif not w.is_contiguous():
             w.data = w.data.contiguous()
-    return model
-
-
-@torch.no_grad()
-def float32_activations_(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
-    """Decode with float32 activations and 16-bit matrices, in place; returns ``model``: each
-    :class:`KernelLinear`'s weight and bias and each token embedding's table in ``dtype``
-    (None: as they are), the integer layers as they are, every other floating parameter and
-    buffer (norms, positions, biases of other layers) in float32, and the token embeddings'
-    rows widened to float32 (``out_dtype``), so the residual stream, the KV cache and the
-    logits are float32. The kernel widens ``W`` exactly and rounds nothing else: a 16-bit
-    layer computes ``x · Ŵᵀ`` of the rounded weights ``Ŵ`` in float32.
-
-    Why: with bf16 activations every op rounds its output, and a compiled step, which fuses
-    ops and rounds in other places, parted from the eager step's greedy SmolLM2 text after
-    22 tokens (256 of 256 alike this way); a token reads the same weight bytes either way, and
-    decoded as fast (docs/benchmarks.md)."""
-    from attnlab.nn.embeddings import TokenEmbedding
-    from attnlab.nn.quantized import Int4Linear, Int8Linear
-
-    for m in model.modules():
-        if isinstance(m, (Int4Linear, Int8Linear)):
-            continue
-        matrix = isinstance(m, (KernelLinear, TokenEmbedding))
-        own = dtype if matrix else torch.float32
-        for t in list(m.parameters(recurse=False)):
-            if t.is_floating_point() and own is not None and t.dtype != own:
-                t.data = t.data.to(own)  # (the same Parameter: a tied head follows)
-        for name, t in list(m.named_buffers(recurse=False)):
-            if t.is_floating_point() and own is not None and t.dtype != own:
-                m._buffers[name] = t.to(own)
-        if isinstance(m, TokenEmbedding):
-            m.out_dtype = torch.float32
     return model
 
 

@@ -50,6 +50,7 @@ def padded_prompt() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("name, backend", [("gpt2", "inductor"), ("llama", "inductor"),
                                            ("llama-bf16", "inductor"),
+                                           ("llama-int4", "inductor"),
                                            ("mistral", "eager"), ("alibi", "eager")])
 def test_compiled_step_equals_the_eager_step_for_20_tokens(name, backend):
     """Prefill eagerly, then feed the same 20 tokens to the eager step (growing cache, padding
@@ -59,14 +60,26 @@ def test_compiled_step_equals_the_eager_step_for_20_tokens(name, backend):
     tens of seconds to a cold run of the suite). ``llama-bf16``: ``for_decoding(…, "bf16")``
     on the CPU kernel, bf16 matrices and float32 activations, so the same 1e-5 holds (with bf16
     activations inductor rounds where it fuses, not where eager rounds: SmolLM2's greedy text
-    parted after 22 tokens)."""
+    parted after 22 tokens). ``llama-int4``: its linears' int4 codes (``quantize``, which casts
+    the rest to bf16 where the CPU runs it natively), ``for_decoding`` with float32 activations
+    around them: RoPE's tables computed again in float32, not bf16's values widened."""
     torch._dynamo.reset()
-    model = family(name.removesuffix("-bf16"))
-    if name.endswith("-bf16"):
+    model = family(name.split("-")[0])
+    if "-" in name:
         if not cpu_kernels.available():
             pytest.skip("attnlab's CPU kernels are not built here")
-        model = for_decoding(model, "cpu", "bf16")
-        assert model.blocks.layers[0].self_attn.qkv.weight.dtype == torch.bfloat16
+        from attnlab.nn.quantized import Int4Linear, quantize
+
+        if name.endswith("-int4"):
+            quantize(model, bits=4)
+        model = for_decoding(model, "cpu", "bf16", integer=name.endswith("-int4"))
+        qkv = model.blocks.layers[0].self_attn.qkv
+        assert (isinstance(qkv, Int4Linear) if name.endswith("-int4")
+                else qkv.weight.dtype == torch.bfloat16)
+        fresh = family("llama").positional
+        assert torch.equal(model.positional.cos, fresh.cos)
+        assert torch.equal(model.positional.sin, fresh.sin)
+        assert model.embed.out_dtype == torch.float32
     ids, mask = padded_prompt()
     tokens = torch.randint(1, 97, (2, 20), generator=torch.Generator().manual_seed(2))
     step = CompiledStep(backend=backend)
