@@ -12,12 +12,15 @@ not from a Python function).
 With ``--16-bit-activations`` each 16-bit or integer precision also runs as it decoded before
 the seventh pass: every float tensor but the integer codes in bfloat16, so the activations and
 the KV cache are bf16 too (now they are float32 around the 16-bit matrices,
-``float32_activations_``). ``--prompt N`` starts each loop after N tokens of context (a long
-conversation: the KV cache's bytes grow with it). ``--same-tokens N`` first compares, for each
-loop's model, N greedy tokens of eager ``generate`` and of ``generate`` with the compiled step.
+``float32_activations_``); with ``--bf16-kv-cache``, also with a bf16 KV cache
+(``for_decoding(…, kv_cache="bf16")``). ``--prompt N`` starts each loop after N tokens of
+context (a long conversation: the KV cache's bytes grow with it). ``--same-tokens N`` first
+compares, for each loop's model, N greedy tokens of eager ``generate`` and of ``generate`` with
+the compiled step.
 
     .venv/bin/python benchmarks/precision_decode.py [--rounds 5] [--tokens 64] [--full-guards]
-        [--cpp-wrapper] [--16-bit-activations] [--prompt 0] [--same-tokens 0]
+        [--cpp-wrapper] [--16-bit-activations] [--bf16-kv-cache] [--prompt 0]
+        [--same-tokens 0]
         [--precisions fp32 bf16 int4]
 """
 
@@ -41,6 +44,7 @@ def main() -> None:
     p.add_argument("--full-guards", action="store_true")
     p.add_argument("--cpp-wrapper", action="store_true")
     p.add_argument("--16-bit-activations", dest="lowp", action="store_true")
+    p.add_argument("--bf16-kv-cache", dest="bf16_kv", action="store_true")
     p.add_argument("--prompt", type=int, default=0, help="tokens of context before the loops")
     p.add_argument("--same-tokens", type=int, default=0)
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"],
@@ -78,12 +82,16 @@ def main() -> None:
     models = []
     for precision in args.precisions:
         int4 = precision == "int4"
-        versions = [False] + ([True] if args.lowp and precision != "fp32" else [])
-        for lowp in versions:
+        versions = [""] + (["16-bit activations"] if args.lowp and precision != "fp32" else [])
+        versions += ["bf16 KV cache"] if args.bf16_kv and precision != "fp32" else []
+        for version in versions:
             loaded = attnlab.load(str(smollm2_path()), int4=int4)
-            model = for_decoding(loaded.model, "cpu", "bf16" if int4 else precision, int4)
-            models.append((precision + (", 16-bit activations" if lowp else ""),
-                           sixteen_bit_activations(model) if lowp else model, loaded.tokenizer))
+            model = for_decoding(loaded.model, "cpu", "bf16" if int4 else precision, int4,
+                                 kv_cache="bf16" if version == "bf16 KV cache" else None)
+            if version == "16-bit activations":
+                model = sixteen_bit_activations(model)
+            models.append((precision + (f", {version}" if version else ""), model,
+                           loaded.tokenizer))
     with torch.no_grad():
         for name, model, tokenizer in models:
             prompt = torch.tensor([tokenizer.encode("The history of Paris begins")])
@@ -134,12 +142,13 @@ def main() -> None:
             print(f"{name} / fp32 in each round: {', '.join(f'{r:.2f}' for r in ratios)} "
                   f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x"
                   + ("; the target is 1.7x)" if name == "bf16" else ")"))
-        if name.endswith(", 16-bit activations"):
-            ours = loops[name.removesuffix(", 16-bit activations")][3]
-            ratios = [a / b for a, b in zip(ours, loops[name][3], strict=True)]
-            print(f"{name.split(',')[0]}, float32 activations / 16-bit ones in each round: "
-                  f"{', '.join(f'{r:.2f}' for r in ratios)} "
-                  f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x)")
+        for version in ("16-bit activations", "bf16 KV cache"):
+            if name.endswith(f", {version}"):
+                ours = loops[name.removesuffix(f", {version}")][3]
+                ratios = [a / b for a, b in zip(ours, loops[name][3], strict=True)]
+                print(f"{name.split(',')[0]} / {name} in each round: "
+                      f"{', '.join(f'{r:.2f}' for r in ratios)} "
+                      f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x)")
 
 
 def sixteen_bit_activations(model):

@@ -101,7 +101,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
                   adapter=args.adapter).expect("decoder", "chat")
     template = chat_template_for(loaded, args.chat_template)
     tok = loaded.tokenizer
-    model = for_decoding(loaded.model, device, precision, args.int4 or args.int8)
+    model = for_decoding(loaded.model, device, precision, args.int4 or args.int8,
+                         kv_cache=args.kv_cache)
     load_s = time.perf_counter() - started
     stops = template.stop_strings
     stop_ids = stop_token_ids(tok, stops)

@@ -311,7 +311,17 @@ def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int, compile: 
                    help="random seed of sampling (default: a fresh one, printed on stderr; "
                         "greedy decoding needs none)")
     add_integer_args(p)
+    add_kv_cache_arg(p)
     add_compile_arg(p, compile)
+
+
+def add_kv_cache_arg(p: argparse.ArgumentParser) -> None:
+    """``--kv-cache``: the KV cache's storage dtype (``for_decoding``'s ``kv_cache``)."""
+    p.add_argument("--kv-cache", choices=["fp32", "bf16", "fp16"],
+                   help="store the KV cache in this dtype (default: the activations', float32 "
+                        "on attnlab's CPU kernels); bf16 or fp16 halve its bytes, which long "
+                        "contexts read at every token, and --compile may then part from eager "
+                        "decoding's greedy text")
 
 
 def add_integer_args(p: argparse.ArgumentParser) -> None:
@@ -363,12 +373,19 @@ def decoding_runtime(args: argparse.Namespace) -> tuple[torch.device, str, str]:
         args.device = "cpu" if args.device == "auto" else args.device
     device, precision = runtime(args)
     if bits:
-        return device, precision, integer_label(bits)
+        return device, precision, integer_label(bits) + kv_cache_label(args)
     from attnlab.nn import cpu_kernels
 
+    label = precision
     if device.type == "cpu" and precision != "fp32" and cpu_kernels.available():
-        return device, precision, f"{precision} weights, float32 activations"  # (for_decoding)
-    return device, precision, precision
+        label = f"{precision} weights, float32 activations"  # (for_decoding)
+    return device, precision, label + kv_cache_label(args)
+
+
+def kv_cache_label(args: argparse.Namespace) -> str:
+    """What ``announce`` adds for ``--kv-cache``: nothing without it."""
+    kv = getattr(args, "kv_cache", None)
+    return f", {kv} KV cache" if kv else ""
 
 
 def integer_label(bits: int) -> str:

@@ -44,7 +44,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     loaded = load(args.model, int4=args.int4, int8=args.int8,
                   adapter=args.adapter).expect("decoder", "generate")
     tok = loaded.tokenizer
-    model = for_decoding(loaded.model, device, precision, args.int4 or args.int8)
+    model = for_decoding(loaded.model, device, precision, args.int4 or args.int8,
+                         kv_cache=args.kv_cache)
     draft, draft_label = (None, "") if args.draft is None else \
         _load_draft(args, device, precision, tok)
     loaded_in = time.perf_counter() - started

@@ -21,6 +21,7 @@ from attnlab.cli.common import (
     UsageError,
     add_compile_arg,
     add_integer_args,
+    add_kv_cache_arg,
     add_model_arg,
     add_runtime_args,
     announce,
@@ -99,7 +100,7 @@ def build_service(args: argparse.Namespace):
         from attnlab.serving.engine import Engine
 
         model = for_decoding(loaded.model, device, precision, args.int4 or args.int8,
-                             rows=args.max_batch)
+                             rows=args.max_batch, kv_cache=args.kv_cache)
         template = None
         try:
             from attnlab.generation.chat import chat_template_for
@@ -187,6 +188,7 @@ def add_commands(sub) -> None:
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="on SIGTERM, seconds the requests in flight get to finish")
     add_integer_args(serve)
+    add_kv_cache_arg(serve)
     add_compile_arg(serve, default=True)
     add_runtime_args(serve)
     serve.set_defaults(func=cmd_serve)

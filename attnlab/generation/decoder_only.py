@@ -141,7 +141,8 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
 
 
 def for_decoding(model: nn.Module, device: torch.device | str | None = None,
-                 precision: str = "fp32", integer: bool = False, rows: int = 1) -> nn.Module:
+                 precision: str = "fp32", integer: bool = False, rows: int = 1,
+                 kv_cache: str | None = None) -> nn.Module:
     """``model`` ready to decode on ``device``: its matrices cast to ``precision`` (decoding reads
     every weight once per token, so half the bytes is what makes it faster) and, on a CPU, its
     fp32, bf16 or fp16 linears on attnlab's few-row kernel (:func:`decoding_layout_`; where
@@ -155,7 +156,12 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
     (:func:`integer_head`). Integer and kernel layers have their Q/K/V and W₁/W₃ stacked into
     one product each (:func:`~attnlab.nn.layout.fuse_projections_`). ``model`` is changed in
     place and its names change (``qkv``, ``w13``): a model for decoding, not one to save or to
-    add adapters to."""
+    add adapters to. ``kv_cache`` ("fp32", "bf16", "fp16"): the dtype its KV caches are stored
+    in (``model.cache_dtype``; default: the activations'); a 16-bit cache under float32
+    activations halves the bytes a long context reads at each token, its keys and values
+    rounded as they are stored (the compiled step may then part from eager greedy text)."""
+    from attnlab.hardware import DTYPES
+
     on_cpu = (torch.device(device).type if device is not None
               else next(model.parameters()).device.type) == "cpu"
     if integer:
@@ -165,8 +171,6 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
         integer_head(model)
         dtype = None  # the float matrices keep the dtype quantize gave them
     else:
-        from attnlab.hardware import DTYPES
-
         dtype = DTYPES[precision]
         kernel = on_cpu and cpu_kernels.available()  # its float32_activations_ cast below
         model = model.to(device) if kernel and device is not None else model
@@ -174,6 +178,8 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
     model = fuse_projections_(decoding_layout_(model, rows))  # (after: KernelLinear)
     if on_cpu and cpu_kernels.available():
         float32_activations_(model, dtype)
+    if kv_cache is not None:
+        model.cache_dtype = DTYPES[kv_cache]
     return model
 
 

@@ -133,12 +133,14 @@ class GPT(nn.Module):
                                    self.config.sliding_window)
         return band & padding[..., keys]
 
+    cache_dtype: torch.dtype | None = None  # the KV cache's storage (None: the keys' dtype)
+
     def new_cache(self, capacity: int = 256, rolling: bool = True) -> SelfAttentionCache:
-        """One KV cache per layer; with a sliding window, rolling ones of W entries (unless
-        ``rolling`` is False: rows padded between real tokens reach back further than W
-        slots)."""
+        """One KV cache per layer, stored in ``cache_dtype`` (``for_decoding``'s
+        ``kv_cache``); with a sliding window, rolling ones of W entries (unless ``rolling`` is
+        False: rows padded between real tokens reach back further than W slots)."""
         window = self.config.sliding_window if rolling else None
-        return SelfAttentionCache(len(self.blocks.layers), capacity, window)
+        return SelfAttentionCache(len(self.blocks.layers), capacity, window, self.cache_dtype)
 
     def components(self) -> OrderedDict[str, list[nn.Module]]:
         embeddings: list[nn.Module] = [self.embed, self.positional]

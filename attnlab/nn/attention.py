@@ -82,10 +82,12 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if need_weights:
-        return _explicit(q, k, v, mask, bias, dropout_p, scale)
+        return _explicit(q, k.to(q.dtype), v.to(q.dtype), mask, bias, dropout_p, scale)
     if _decoding_kernel_applies(q, k, v, mask, bias, dropout_p, is_causal):
         rows = None if mask is None else mask.reshape(-1, k_len).contiguous()
         return torch.ops.attnlab.decode_attention(q, k, v, rows, scale)
+    if k.dtype != q.dtype:  # a 16-bit KV cache under float32 queries: widened for the rest
+        k, v = k.to(q.dtype), v.to(q.dtype)
     if _composed_is_faster(q, k_len):
         if is_causal:
             mask = causal_mask(q_len, k_len, q.device)
@@ -103,15 +105,15 @@ _COMPOSED_MAX_SCORES = 512 * 512
 
 def _decoding_kernel_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                              bias: Tensor | None, dropout_p: float, is_causal: bool) -> bool:
-    """One query a row on the CPU, float32, bfloat16 or float16 (one dtype: the kernel's sums are
-    float32), no bias, dropout or gradient, ``(batch, heads, len, d)`` tensors (grouped
-    queries), and a mask (if any) that is one row of slots per batch row or one for all:
-    ``(batch or 1, 1, 1, k_len)``, or fewer leading dimensions of size 1."""
+    """One query a row on the CPU, float32, bfloat16 or float16 (k and v of one dtype, q of that
+    or float32: the kernel's sums are float32), no bias, dropout or gradient, ``(batch, heads,
+    len, d)`` tensors (grouped queries), and a mask (if any) that is one row of slots per batch
+    row or one for all: ``(batch or 1, 1, 1, k_len)``, or fewer leading dimensions of size 1."""
     if (q.shape[-2] != 1 or q.device.type != "cpu" or bias is not None or dropout_p > 0
             or is_causal or not cpu_kernels.available()):
         return False
-    if q.dtype not in cpu_kernels.FLOAT_DTYPES or any(
-            t.dim() != 4 or t.dtype != q.dtype or t.stride(-1) != 1 for t in (q, k, v)):
+    if k.dtype not in cpu_kernels.FLOAT_DTYPES or q.dtype not in (k.dtype, torch.float32) or any(
+            t.dim() != 4 or t.stride(-1) != 1 for t in (q, k, v)) or v.dtype != k.dtype:
         return False
     if (k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3] or k.shape[-1] != q.shape[-1]
             or q.shape[1] % k.shape[1]):

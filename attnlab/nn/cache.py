@@ -28,11 +28,15 @@ from torch import Tensor
 
 
 class KVCache:
-    """Keys and values of one attention module. ``length`` = number of cached positions."""
+    """Keys and values of one attention module. ``length`` = number of cached positions.
+    ``dtype``: the storage's (a 16-bit cache under float32 activations: half the bytes, the
+    values rounded as they are stored); None: the keys' own."""
 
-    def __init__(self, capacity: int = 256, static: bool = False):
+    def __init__(self, capacity: int = 256, static: bool = False,
+                 dtype: torch.dtype | None = None):
         self.capacity = capacity
         self.static = static
+        self.dtype = dtype
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.length = 0
@@ -54,8 +58,8 @@ class KVCache:
 
     def _grow(self, k: Tensor, v: Tensor, capacity: int) -> None:
         b, h, _, d = k.shape
-        new_k = k.new_empty(b, h, capacity, d)
-        new_v = v.new_empty(b, h, capacity, v.shape[-1])
+        new_k = k.new_empty(b, h, capacity, d, dtype=self.dtype or k.dtype)
+        new_v = v.new_empty(b, h, capacity, v.shape[-1], dtype=self.dtype or v.dtype)
         if self.k is not None:
             new_k[:, :, : self.length] = self.k[:, :, : self.length]
             new_v[:, :, : self.length] = self.v[:, :, : self.length]
@@ -95,8 +99,8 @@ class RollingKVCache(KVCache):
     themselves, and the buffer then keeps the last ``window`` of them.
     """
 
-    def __init__(self, window: int):
-        super().__init__(capacity=window)
+    def __init__(self, window: int, dtype: torch.dtype | None = None):
+        super().__init__(capacity=window, dtype=dtype)
         self.window = window
 
     def truncate(self, length: int) -> None:
@@ -132,15 +136,15 @@ class RollingKVCache(KVCache):
         kept = min(t, w)
         if kept:  # the kept entries in time order: slots (t − kept .. t − 1) mod w
             order = torch.arange(t - kept, t, device=k.device) % w
-            k = torch.cat([self.k.index_select(2, order), k], dim=2)
-            v = torch.cat([self.v.index_select(2, order), v], dim=2)
+            k = torch.cat([self.k.index_select(2, order).to(k.dtype), k], dim=2)
+            v = torch.cat([self.v.index_select(2, order).to(v.dtype), v], dim=2)
         self.length = t + new
         keep = min(self.length, w)
         if self.k is None:
             self._grow(k, v, w)
         slots = torch.arange(self.length - keep, self.length, device=k.device) % w
-        self.k[:, :, slots] = k[:, :, -keep:]
-        self.v[:, :, slots] = v[:, :, -keep:]
+        self.k[:, :, slots] = k[:, :, -keep:].to(self.k.dtype)
+        self.v[:, :, slots] = v[:, :, -keep:].to(self.v.dtype)
         return k, v
 
 
@@ -149,9 +153,10 @@ class SelfAttentionCache(list):
     only), rolling ones of ``window`` entries for sliding-window attention; ``length`` is the
     number of positions decoded."""
 
-    def __init__(self, n_layers: int, capacity: int = 256, window: int | None = None):
-        super().__init__(KVCache(capacity) if window is None else RollingKVCache(window)
-                         for _ in range(n_layers))
+    def __init__(self, n_layers: int, capacity: int = 256, window: int | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__(KVCache(capacity, dtype=dtype) if window is None
+                         else RollingKVCache(window, dtype) for _ in range(n_layers))
 
     @property
     def length(self) -> int:
@@ -202,8 +207,8 @@ class StaticKVCache:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write ``k, v (batch, kv_heads, new, d_k)`` into slots ``owner.slots (new,)``; return
         the whole storage ``(batch, kv_heads, capacity, d_k)``."""
-        self.k.index_copy_(2, self.owner.slots, k)
-        self.v.index_copy_(2, self.owner.slots, v)
+        self.k.index_copy_(2, self.owner.slots, k.to(self.k.dtype))
+        self.v.index_copy_(2, self.owner.slots, v.to(self.v.dtype))
         return self.k, self.v
 
     def reorder(self, index: Tensor, filled: int | None = None) -> None:

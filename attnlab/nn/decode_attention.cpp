@@ -8,9 +8,10 @@
 // exponentials). It reads only the slots up to the last allowed one: a static cache of 512
 // slots a fifth full costs a fifth of its bytes, where PyTorch's fused kernel reads them all
 // (and the masked slots among them are skipped too).
-// q, k and v are float32, bfloat16 or float16 (one dtype): 16-bit values are widened as they
-// are read (a bf16 cache is half the bytes), the scores, softmax and sums are float32, and the
-// output is rounded to that dtype once.
+// k and v are float32, bfloat16 or float16 (one dtype), q that dtype or float32 (float32
+// activations over a 16-bit cache); 16-bit values are widened as they are read (a bf16 cache is
+// half the bytes), the scores, softmax and sums are float32, and the output, in q's dtype, is
+// rounded to it once.
 // A row with no allowed slot gives zeros (attnlab's convention for fully masked rows); a NaN
 // score gives NaNs, as the softmax would.
 
@@ -75,37 +76,38 @@ void weighted_sum(const float* p, const int64_t* slot, int64_t count, const T* v
   }
 }
 
-// The attention of every (row, head) for tensors stored as T; the sums and the softmax in
-// float32, the output rounded to T once at the end
-template <typename T>
+// The attention of every (row, head) for keys and values stored as T and queries and output
+// as Q (T, or float); the sums and the softmax in float32, the output rounded to Q once
+template <typename Q, typename T>
 void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* allowed,
             int64_t mask_rows, float s, at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), kv_heads = k.size(1);
   const int64_t slots = k.size(2), d = q.size(3), dv = v.size(3);
-  const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
-  T* op = out.data_ptr<T>();
+  const Q* qp = q.data_ptr<Q>();
+  const T *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+  Q* op = out.data_ptr<Q>();
   const int64_t group = heads / kv_heads;
   const int64_t qb = q.stride(0), qh = q.stride(1), kb = k.stride(0), kh = k.stride(1);
   const int64_t kj = k.stride(2), vb = v.stride(0), vh = v.stride(1), vj = v.stride(2);
   auto sum = dv == 64    ? weighted_sum<64, T>
              : dv == 128 ? weighted_sum<128, T>
                          : weighted_sum<0, T>;
-  constexpr bool plain = std::is_same_v<T, float>;  // else: q widened, the output rounded
+  constexpr bool plain = std::is_same_v<Q, float>;  // else: q widened, the output rounded
   at::parallel_for(0, batch * heads, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> p(slots), query(plain ? 0 : d), result(plain ? 0 : dv);
     std::vector<int64_t> slot(slots);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / heads, h = t % heads, g = h / group;
-      const T* qr = qp + b * qb + h * qh;
+      const Q* qr = qp + b * qb + h * qh;
       const T* kr = kp + b * kb + g * kh;
       const T* vr = vp + b * vb + g * vh;
       const bool* row = allowed == nullptr ? nullptr : allowed + (mask_rows == 1 ? 0 : b) * slots;
       int64_t count = 0;  // the allowed slots, in order
       for (int64_t j = 0; j < slots; ++j)
         if (row == nullptr || row[j]) slot[count++] = j;
-      T* o = op + t * dv;
+      Q* o = op + t * dv;
       if (count == 0) {  // nothing to attend to: zeros
-        std::fill(o, o + dv, T(0.f));
+        std::fill(o, o + dv, Q(0.f));
         continue;
       }
       const float* qf;
@@ -126,7 +128,7 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
         sum(p.data(), slot.data(), count, vr, vj, o, dv);
       } else {
         sum(p.data(), slot.data(), count, vr, vj, result.data(), dv);
-        for (int64_t e = 0; e < dv; ++e) o[e] = static_cast<T>(result[e]);
+        for (int64_t e = 0; e < dv; ++e) o[e] = static_cast<Q>(result[e]);
       }
     }
   });
@@ -134,13 +136,16 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, double scale) {
-  const at::ScalarType dtype = q.scalar_type();
+  const at::ScalarType dtype = k.scalar_type();
   check(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
-        "q must be float32, bfloat16 or float16");
+        "k and v must be float32, bfloat16 or float16");
+  check(q.scalar_type() == dtype || q.scalar_type() == at::kFloat,
+        "q must be k's dtype or float32");
   for (const at::Tensor* t : {&q, &k, &v})
-    check(t->dim() == 4 && t->scalar_type() == dtype && t->is_cpu() && t->stride(3) == 1,
-          "q, k and v must be (batch, heads, len, dim) CPU tensors of one dtype, rows "
-          "contiguous");
+    check(t->dim() == 4 && (t == &q || t->scalar_type() == dtype) && t->is_cpu() &&
+              t->stride(3) == 1,
+          "q, k and v must be (batch, heads, len, dim) CPU tensors, k and v of one dtype, "
+          "rows contiguous");
   const int64_t batch = q.size(0), heads = q.size(1), kv_heads = k.size(1);
   const int64_t slots = k.size(2), d = q.size(3), dv = v.size(3);
   check(q.size(2) == 1, "one query a row");
@@ -159,10 +164,17 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   at::Tensor out = at::empty({batch, heads, 1, dv}, q.options());
   const float s = static_cast<float>(scale);
+  const bool wide = q.scalar_type() == at::kFloat;  // float32 queries over a 16-bit cache
   switch (dtype) {
-    case at::kFloat: attend<float>(q, k, v, allowed, mask_rows, s, out); break;
-    case at::kBFloat16: attend<c10::BFloat16>(q, k, v, allowed, mask_rows, s, out); break;
-    default: attend<c10::Half>(q, k, v, allowed, mask_rows, s, out); break;
+    case at::kFloat: attend<float, float>(q, k, v, allowed, mask_rows, s, out); break;
+    case at::kBFloat16:
+      if (wide) attend<float, c10::BFloat16>(q, k, v, allowed, mask_rows, s, out);
+      else attend<c10::BFloat16, c10::BFloat16>(q, k, v, allowed, mask_rows, s, out);
+      break;
+    default:
+      if (wide) attend<float, c10::Half>(q, k, v, allowed, mask_rows, s, out);
+      else attend<c10::Half, c10::Half>(q, k, v, allowed, mask_rows, s, out);
+      break;
   }
   return out;
 }

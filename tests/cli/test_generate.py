@@ -71,6 +71,21 @@ def test_the_line_before_running_names_checkpoint_device_precision_threads(capsy
     assert quiet.code == 0 and quiet.err == "" and quiet.out == r.out
 
 
+def test_kv_cache_names_the_caches_dtype_and_the_text_holds(capsys, lm_run):
+    """``--kv-cache bf16`` is said on the line before running; the tiny run's greedy text is
+    the float32 cache's (its margins are far above bf16's rounding of the keys); a dtype
+    outside the choices is refused by the parser (exit 2)."""
+    args = ("generate", "--model", lm_run, "--prompt", "to", "--max-new-tokens", "12",
+            "--device", "cpu", "--precision", "fp32")
+    plain = cli(capsys, *args)
+    r = cli(capsys, *args, "--kv-cache", "bf16")
+    assert r.code == plain.code == 0 and r.out == plain.out
+    assert r.err.splitlines()[0].endswith(
+        f" on cpu, fp32, bf16 KV cache, {torch.get_num_threads()} threads")
+    bad = cli(capsys, *args, "--kv-cache", "int8")
+    assert bad.code == 2 and "--kv-cache" in bad.err
+
+
 def sample(capsys, run, *seed):
     r = cli(capsys, "generate", "--model", run, "--prompt", "to be", "--max-new-tokens", "60",
             "--temperature", "1.5", "--ignore-eos", "--device", "cpu", "--precision", "fp32",

@@ -228,6 +228,36 @@ def test_a_later_step_that_no_graph_matches_checks_every_guard_instead_of_failin
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_a_16_bit_kv_cache_under_float32_activations(name):
+    """``for_decoding(…, kv_cache="bf16")``: the growing, rolling (Mistral's window) and static
+    caches store bf16, the activations stay float32; each eager step's logits are those of the
+    float32 cache to within bf16's rounding of the keys and values (2% of the largest), and
+    the compiled step (traced, run eagerly) gives the eager step's greedy tokens."""
+    if not cpu_kernels.available():
+        pytest.skip("attnlab's CPU kernels are not built here")
+    torch._dynamo.reset()
+    exact = for_decoding(family(name), "cpu", "bf16")
+    model = for_decoding(family(name), "cpu", "bf16", kv_cache="bf16")
+    assert model.cache_dtype == torch.bfloat16 and exact.cache_dtype is None
+    ids = torch.randint(1, 97, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        caches = {m: m.new_cache(capacity=16) for m in (model, exact)}
+        logits = {m: [m(ids, cache=caches[m])[:, -1]] for m in caches}
+        for t in range(12):  # past Mistral's window of 6
+            for m in caches:
+                logits[m].append(m(ids[:, t % 9:t % 9 + 1], cache=caches[m])[:, -1])
+        assert caches[model][0].k.dtype == torch.bfloat16
+        assert caches[exact][0].k.dtype == torch.float32
+        for ours, theirs in zip(logits[model], logits[exact], strict=True):
+            assert ours.dtype == torch.float32
+            assert (ours - theirs).abs().max() <= 0.02 * theirs.abs().max()
+        model.lm_head.weight.mul_(20)  # confident choices
+        want = generate(model, ids, 16)
+        got = generate(model, ids, 16, compiled=CompiledStep(backend="eager"))
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
 def test_generate_with_the_compiled_step_gives_greedy_tokens(name):
     """The left-padded batch and a single row, 24 new tokens (past the window): the same
     tokens as eager greedy decoding (the tiny model's margins are far above 1e-5)."""

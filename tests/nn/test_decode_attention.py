@@ -91,6 +91,28 @@ def test_a_16_bit_cache_is_read_in_its_own_dtype(dtype, heads, kv_heads, d, dv):
 
 
 @built
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_queries_read_a_16_bit_cache(dtype):
+    """float32 q over bf16 or fp16 k and v (``--kv-cache bf16`` under float32 activations):
+    a float32 output within float32's sums of the float64 reference of the same (rounded)
+    keys and values, no rounding of its own; routed there by scaled_dot_product_attention,
+    whose other paths (several queries) widen the cache to q's dtype."""
+    q, k, v = _case(2, 6, 2, 50, 64, 64, seed=3)
+    k, v = k.to(dtype), v.to(dtype)
+    allowed = torch.zeros(2, 50, dtype=torch.bool)
+    allowed[0, :44] = allowed[1, 7:50] = True
+    got = torch.ops.attnlab.decode_attention(q, k, v, allowed, 0.125)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), _reference(q, k, v, allowed, 0.125),
+                               rtol=1e-5, atol=1e-6)
+    mask = allowed[:, None, None, :]
+    assert torch.equal(scaled_dot_product_attention(q, k, v, mask=mask, scale=0.125), got)
+    two = torch.cat([q, q.flip(1)], 2)  # (2, 6, 2, 64): not the kernel's
+    widened = scaled_dot_product_attention(two, k.float(), v.float(), mask=mask, scale=0.125)
+    assert torch.equal(scaled_dot_product_attention(two, k, v, mask=mask, scale=0.125), widened)
+
+
+@built
 def test_slots_the_mask_forbids_are_never_read():
     """NaN keys and values in the holes and past the last allowed slot (a static cache's empty
     tail) leave the output finite and exact; PyTorch's fused kernel gives NaN there."""
@@ -159,7 +181,9 @@ def test_bad_operands_are_refused_with_the_kernels_name():
     with pytest.raises(RuntimeError, match="mask must be"):
         torch.ops.attnlab.decode_attention(q, k, v, torch.ones(1, 9, dtype=torch.bool), 1.0)
     with pytest.raises(RuntimeError, match="of one dtype"):
-        torch.ops.attnlab.decode_attention(q, k.half(), v.half(), None, 1.0)
+        torch.ops.attnlab.decode_attention(q, k.half(), v.bfloat16(), None, 1.0)
+    with pytest.raises(RuntimeError, match="q must be k's dtype or float32"):
+        torch.ops.attnlab.decode_attention(q.half(), k, v, None, 1.0)
     with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
         torch.ops.attnlab.decode_attention(q.double(), k.double(), v.double(), None, 1.0)
     with pytest.raises(RuntimeError, match="kv_heads must divide heads"):
