@@ -185,18 +185,18 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
 
 @torch.no_grad()
 def float32_activations_(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
-    """Decode with float32 activations around 16-bit matrices, in place; returns ``model``:
-    each :class:`~attnlab.nn.layout.KernelLinear`'s weight and bias and each token embedding's
-    table in ``dtype`` (None: as they are; a parameter tied to one of them follows it), the
-    integer layers as they are, every other floating parameter and buffer (norms, positions,
-    other layers) in float32, positional tables computed again in float32, and the token
-    embeddings' rows widened (``out_dtype``). So the residual stream, the norms, the KV cache
-    and the logits are float32, as llama.cpp keeps the values between its products (its KV
-    cache is 16-bit by default; here it is float32). The kernel widens ``W`` exactly, so a
-    layer computes ``x · Ŵᵀ`` of the rounded weights ``Ŵ`` in float32's sums, for up to its
-    8 rows (a token, a batch of 8); more rows (a prompt, speculative decoding's verification
-    of 11 tokens, a server's larger batch) round ``x`` for the 16-bit GEMM, as before: the
-    kernel at 16 rows took 2x that GEMM's time.
+    """Decode with float32 activations around 16-bit matrices, in place; returns ``model``: each
+    :class:`~attnlab.nn.layout.KernelLinear`'s weight and bias and each token embedding's table
+    in ``dtype`` (None: as they are; a parameter tied to one of them follows it), the integer
+    layers as they are, every other floating parameter and buffer (norms, positions, other
+    layers) in float32, positional tables computed again in float32, and the token embeddings'
+    rows widened (``out_dtype``). So the residual stream, the norms, the KV cache and the logits
+    are float32, as llama.cpp keeps the values between its products (its KV cache is 16-bit by
+    default; here float32 unless ``kv_cache`` asks for 16 bits). The kernel widens ``W``
+    exactly, so a layer computes ``x · Ŵᵀ`` of the rounded weights ``Ŵ`` in float32's sums, for
+    up to its 8 rows (a token, a batch of 8); more rows (a prompt, speculative decoding's
+    verification of 11 tokens, a server's larger batch) round ``x`` for the 16-bit GEMM, as
+    before: the kernel at 16 rows took 2x that GEMM's time.
 
     Why: with bf16 activations every op rounds its output, and the compiled step, which fuses
     ops and rounds where it fuses, parted from the eager step's greedy SmolLM2 text after 22
