@@ -318,10 +318,10 @@ def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int, compile: 
 def add_kv_cache_arg(p: argparse.ArgumentParser) -> None:
     """``--kv-cache``: the KV cache's storage dtype (``for_decoding``'s ``kv_cache``)."""
     p.add_argument("--kv-cache", choices=["fp32", "bf16", "fp16"],
-                   help="store the KV cache in this dtype (default: the activations', float32 "
-                        "on attnlab's CPU kernels); bf16 or fp16 halve its bytes, which long "
-                        "contexts read at every token, and --compile may then part from eager "
-                        "decoding's greedy text")
+                   help="store the KV cache in this dtype, for decoding on attnlab's CPU "
+                        "kernels (default: the activations', float32 there); bf16 or fp16 "
+                        "(range ±65504) halve the bytes long contexts read at every token, "
+                        "and --compile may then part from eager decoding's greedy text")
 
 
 def add_integer_args(p: argparse.ArgumentParser) -> None:

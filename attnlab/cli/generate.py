@@ -163,7 +163,8 @@ def _load_draft(args: argparse.Namespace, device, precision: str, tok) -> tuple[
                 raise UsageError(f"--draft {args.draft}: token {i} is {other!r} there and "
                                  f"{mine!r} in the model's tokenizer; a draft must share the "
                                  "model's tokenizer")
-    model = for_decoding(loaded.model, device, precision, args.draft_int4)
+    model = for_decoding(loaded.model, device, precision, args.draft_int4,
+                         kv_cache=args.kv_cache)
     return model, f"{loaded.path}{' (int4 weights)' if args.draft_int4 else ''}"
 
 

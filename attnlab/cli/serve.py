@@ -128,9 +128,11 @@ def build_service(args: argparse.Namespace):
         from attnlab.encoding import SentenceEncoder
         from attnlab.hardware import DTYPES
 
-        if args.chat_template is not None:
-            raise UsageError("--chat-template needs a decoder-only model; "
-                             f"{loaded.path} is an encoder")
+        for flag, value in (("--chat-template", args.chat_template),
+                            ("--kv-cache", args.kv_cache)):
+            if value is not None:
+                raise UsageError(f"{flag} needs a decoder-only model; {loaded.path} is an "
+                                 "encoder")
         model = loaded.model.to(device=device, dtype=DTYPES[precision])
         encoder = SentenceEncoder(model, loaded.tokenizer, loaded.max_len, path=loaded.path)
         announce(args, loaded.path, device, precision)

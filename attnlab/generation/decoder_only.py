@@ -164,6 +164,14 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
 
     on_cpu = (torch.device(device).type if device is not None
               else next(model.parameters()).device.type) == "cpu"
+    if kv_cache is not None:  # checked before the model changes
+        if kv_cache not in DTYPES or not hasattr(type(model), "cache_dtype"):
+            raise BadInput(f"kv_cache must be one of {', '.join(DTYPES)} for a decoder-only "
+                           f"model, got {kv_cache!r} for a {type(model).__name__}")
+        if not (on_cpu and cpu_kernels.available()) and kv_cache != precision:
+            raise BadInput(f"a {kv_cache} KV cache under {precision} activations is read by "
+                           "attnlab's CPU kernels only; elsewhere the cache is the activations' "
+                           "dtype")
     if integer:
         if not on_cpu:
             raise BadInput(f"integer weights (--int4, --int8) run on the CPU only, not on "

@@ -133,6 +133,8 @@ class RollingKVCache(KVCache):
             self.length = t + 1
             n = min(t + 1, w)
             return self.k[:, :, :n], self.v[:, :, :n]
+        if self.dtype is not None:  # the prompt attends its keys as stored, as in KVCache
+            k, v = k.to(self.dtype).to(k.dtype), v.to(self.dtype).to(v.dtype)
         kept = min(t, w)
         if kept:  # the kept entries in time order: slots (t − kept .. t − 1) mod w
             order = torch.arange(t - kept, t, device=k.device) % w

@@ -30,9 +30,9 @@ calls it.
 
 ``decode_attention.cpp``: ``decode_attention(q, k, v, mask, scale)``, softmax attention of one
 query a row ``q (b, h, 1, d)`` over a cache ``k, v (b, h_kv, slots, d)`` (grouped queries;
-float32, bfloat16 or float16, one dtype, the sums in float32), ``mask (b or 1, slots)``
-boolean, True = may attend. It stops at each row's last allowed slot, so a static cache's
-empty tail is never read; a row with none gives zeros.
+k and v float32, bfloat16 or float16, q of their dtype or float32, the sums in float32),
+``mask (b or 1, slots)`` boolean, True = may attend. It stops at each row's last allowed
+slot, so a static cache's empty tail is never read; a row with none gives zeros.
 
 Building needs the C++ compiler that ``torch.compile`` needs too; about 15 s, once per
 machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``, else the

@@ -232,7 +232,9 @@ def test_a_16_bit_kv_cache_under_float32_activations(name):
     """``for_decoding(…, kv_cache="bf16")``: the growing, rolling (Mistral's window) and static
     caches store bf16, the activations stay float32; each eager step's logits are those of the
     float32 cache to within bf16's rounding of the keys and values (2% of the largest), and
-    the compiled step (traced, run eagerly) gives the eager step's greedy tokens."""
+    the compiled step (inductor: the cast into the static cache, the kernel's float32 queries
+    over bf16 keys) gives the eager step's greedy tokens. A dtype that is not one, and a 16-bit
+    cache off the CPU kernels or for a model without one, are refused before anything changes."""
     if not cpu_kernels.available():
         pytest.skip("attnlab's CPU kernels are not built here")
     torch._dynamo.reset()
@@ -253,8 +255,21 @@ def test_a_16_bit_kv_cache_under_float32_activations(name):
             assert (ours - theirs).abs().max() <= 0.02 * theirs.abs().max()
         model.lm_head.weight.mul_(20)  # confident choices
         want = generate(model, ids, 16)
-        got = generate(model, ids, 16, compiled=CompiledStep(backend="eager"))
+        got = generate(model, ids, 16, compiled=CompiledStep())
         assert torch.equal(got, want)
+        cache = model.new_cache(capacity=16, rolling=False)
+        model(ids, cache=cache)
+        static = StaticDecoding(CompiledStep(backend="eager"), cache, None, 9, 32)
+        static(model, ids[:, :1])
+        assert static.cache[0].k.dtype == torch.bfloat16
+    from attnlab.errors import BadInput
+
+    for bad in (dict(kv_cache="int8"), dict(kv_cache="bf16", device="meta")):
+        with pytest.raises(BadInput, match="kv_cache|KV cache"):
+            for_decoding(family(name), **{"device": "cpu", **bad})
+    with pytest.raises(BadInput, match="decoder-only"):
+        for_decoding(Transformer(ModelConfig.from_preset("tiny", **SMALL)), "cpu",
+                     kv_cache="bf16")
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])
