@@ -155,6 +155,18 @@ def test_a_requests_later_tokens_run_only_the_guards_that_tell_graphs_apart(monk
         assert len(skipped) == before and step.compiles == 3  # (each model its own graph)
 
 
+def _two_steps(model: GPT) -> tuple[CompiledStep, StaticDecoding, object]:
+    """A prompt of 3 tokens, then two steps of a traced step run eagerly (the second skipping
+    guards): ``(step, its StaticDecoding, the growing cache the prompt filled)``."""
+    step = CompiledStep(backend="eager")
+    cache = model.new_cache(capacity=16, rolling=False)
+    model(torch.tensor([[5, 6, 7]]), cache=cache)
+    static = StaticDecoding(step, cache, None, 3, 16)
+    static(model, torch.tensor([[8]]))
+    static(model, torch.tensor([[9]]))
+    return step, static, cache
+
+
 def test_the_guards_a_later_step_skips_are_not_checked():
     """What skipping means, and why only the loop's own later steps may: a change that only a
     skipped guard sees (a dropout module put in training mode) runs the old graph under
@@ -169,13 +181,8 @@ def test_the_guards_a_later_step_skips_are_not_checked():
     counters.clear()
     model = family("llama")
     drop = next(m for m in model.modules() if isinstance(m, torch.nn.Dropout))
-    step = CompiledStep(backend="eager")
     with torch.no_grad():
-        cache = model.new_cache(capacity=16, rolling=False)
-        model(torch.tensor([[5, 6, 7]]), cache=cache)
-        static = StaticDecoding(step, cache, None, 3, 16)
-        static(model, torch.tensor([[8]]))
-        static(model, torch.tensor([[9]]))
+        step, static, cache = _two_steps(model)
         graphs = counters["stats"]["unique_graphs"]
         assert graphs == 1
         drop.train()
@@ -202,13 +209,8 @@ def test_a_later_step_that_no_graph_matches_checks_every_guard_instead_of_failin
     torch._dynamo.reset()
     counters.clear()
     model = family("llama")
-    step = CompiledStep(backend="eager")
     with torch.no_grad():
-        cache = model.new_cache(capacity=16, rolling=False)
-        model(torch.tensor([[5, 6, 7]]), cache=cache)
-        static = StaticDecoding(step, cache, None, 3, 16)
-        static(model, torch.tensor([[8]]))
-        static(model, torch.tensor([[9]]))
+        step, static, cache = _two_steps(model)
         assert counters["stats"]["unique_graphs"] == 1 and step.guard_misses == 0
         strided = torch.zeros(16, 1, dtype=torch.bool).t()  # (1, 16), strides (1, 1)
         strided[:, :6] = True
