@@ -164,11 +164,12 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
 
     on_cpu = (torch.device(device).type if device is not None
               else next(model.parameters()).device.type) == "cpu"
+    kernel = on_cpu and cpu_kernels.available()  # float32 activations (below)
     if kv_cache is not None:  # checked before the model changes
         if kv_cache not in DTYPES or not hasattr(type(model), "cache_dtype"):
             raise BadInput(f"kv_cache must be one of {', '.join(DTYPES)} for a decoder-only "
                            f"model, got {kv_cache!r} for a {type(model).__name__}")
-        if not (on_cpu and cpu_kernels.available()) and kv_cache != precision:
+        if not kernel and kv_cache != precision:
             raise BadInput(f"a {kv_cache} KV cache under {precision} activations is read by "
                            "attnlab's CPU kernels only; elsewhere the cache is the activations' "
                            "dtype")
@@ -180,11 +181,12 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
         dtype = None  # the float matrices keep the dtype quantize gave them
     else:
         dtype = DTYPES[precision]
-        kernel = on_cpu and cpu_kernels.available()  # its float32_activations_ cast below
-        model = model.to(device) if kernel and device is not None else model
-        model = model if kernel else model.to(device=device, dtype=dtype)
+        if not kernel:  # the whole model in the dtype
+            model = model.to(device=device, dtype=dtype)
+        elif device is not None:  # (float32_activations_ casts the matrices alone)
+            model = model.to(device)
     model = fuse_projections_(decoding_layout_(model, rows))  # (after: KernelLinear)
-    if on_cpu and cpu_kernels.available():
+    if kernel:
         float32_activations_(model, dtype)
     if kv_cache is not None:
         model.cache_dtype = DTYPES[kv_cache]
