@@ -90,11 +90,33 @@ def _flags() -> tuple[list[str], list[str]]:
     capability = torch.backends.cpu.get_cpu_capability()
     if capability in ("AVX2", "AVX512"):
         cflags += ["-mavx2", "-mfma", "-mf16c"]
+    if capability == "AVX512" and _native_bf16_dot():
+        cflags.append("-DATTNLAB_DPBF16")  # batches of a bf16 layer: vdpbf16ps (bf16_dot_rows)
     runtime = _openmp_runtime() if torch.backends.openmp.is_available() else None
     if runtime is not None and os.name == "posix" and not runtime.endswith(".dylib"):
         cflags.append("-fopenmp")
         ldflags.append(runtime)
     return cflags, ldflags
+
+
+BF16_DOT_ROWS = 4  # (float_kernels.cpp's kDotRows)
+
+
+def bf16_dot_rows() -> int | None:
+    """From how many rows of ``x`` the float kernel multiplies a bf16 weight by ``x`` rounded to
+    bf16 with AVX512-BF16's ``vdpbf16ps`` (float32 sums; a batch's product is otherwise bound
+    by widening and multiply-adds), or None where it never does (fewer rows, other dtypes and
+    other CPUs keep float32 ``x``)."""
+    return BF16_DOT_ROWS if available() and "-DATTNLAB_DPBF16" in _BUILT_WITH else None
+
+
+def _native_bf16_dot() -> bool:
+    """Whether the CPU lists AVX512-BF16 and bf16 is not forced off (``ATTNLAB_NATIVE_BF16=0``,
+    which with ``ATEN_CPU_CAPABILITY=avx2`` stands for a CPU without it)."""
+    from attnlab.hardware import cpu_flags
+
+    return (os.environ.get("ATTNLAB_NATIVE_BF16") != "0"
+            and "avx512_bf16" in cpu_flags()[1])
 
 
 def _cache_dir() -> Path:
@@ -114,6 +136,7 @@ def _cache_dir() -> Path:
 
 
 _LOADED: bool | None = None  # decided once a process
+_BUILT_WITH: list[str] = []  # the compiler flags of the kernels this process loaded
 _LOCK = threading.Lock()
 
 
@@ -154,6 +177,7 @@ def _load() -> bool:
                            extra_ldflags=ldflags, build_directory=str(where),
                            is_python_module=False, verbose=False)
         _register_shapes()
+        _BUILT_WITH[:] = cflags
     except Exception as error:  # no compiler, no ninja, an unwritable cache: run without them
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         try:

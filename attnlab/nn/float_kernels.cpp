@@ -12,14 +12,29 @@
 // same order of sums whatever the threads. (AVX512-BF16's vdpbf16ps, 32 bf16 products an
 // instruction, was slower on a Zen 4: 10.7 against 9.3 ms over SmolLM2's matrices. Two threads
 // read bf16 at 28.6-30 GB/s and float32 at 29.8-32.5: memory, more than widening, bounds them.)
+//
+// A batch is another matter: from 4 rows of x, widening each weight again for every row and
+// fused multiply-adds of 8 lanes make the product compute-bound (8 rows of SmolLM2's bf16
+// matrices took 3.4x one row's time on a 2-core Zen 4). Where the build found AVX512-BF16
+// (ATTNLAB_DPBF16, set by cpu_kernels.py), a bf16 W meets 4 or more rows with vdpbf16ps: x is
+// rounded to bf16 once a call, each instruction multiplies 32 pairs exactly and adds them into
+// 16 float32 sums (8 rows: 1.8x faster; 1 to 3 rows stay on the float32-x path above, which
+// memory bounds). Each row's sums run in the same order whatever the other rows and threads.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
+#include <type_traits>
+#if defined(ATTNLAB_DPBF16) && defined(__x86_64__) && \
+    ((defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && __GNUC__ >= 10))
+#include <immintrin.h>
+#define ATTNLAB_HAS_DPBF16 1
+#endif
 
 #include "vectors.h"
 
@@ -59,10 +74,95 @@ void product(const float* x, const T* w, const void* bias, bool bias_is_t, Y* y,
   });
 }
 
+#if defined(ATTNLAB_HAS_DPBF16)
+constexpr int64_t kDotRows = 4;  // from this many rows of x, a bf16 W takes vdpbf16ps
+
+#define ATTNLAB_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// out[r] = Σ_k w[k] · x[r·k + k'] for R bf16 rows of x against one bf16 weight row: 2 chains
+// of 16 float32 lanes, each step adding 32 exact products a chain; the tail one at a time
+template <int R>
+ATTNLAB_BF16_TARGET inline void bf16_rows_dot(const uint16_t* w, const uint16_t* x, int64_t k,
+                                              float* out) {
+  __m512 a[R][2];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= k; i += 64) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + i);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + i + 32);
+    for (int r = 0; r < R; ++r) {
+      a[r][0] = _mm512_dpbf16_ps(a[r][0], w0, (__m512bh)_mm512_loadu_si512(x + r * k + i));
+      a[r][1] = _mm512_dpbf16_ps(a[r][1], w1, (__m512bh)_mm512_loadu_si512(x + r * k + i + 32));
+    }
+  }
+  for (; i + 32 <= k; i += 32) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + i);
+    for (int r = 0; r < R; ++r)
+      a[r][0] = _mm512_dpbf16_ps(a[r][0], w0, (__m512bh)_mm512_loadu_si512(x + r * k + i));
+  }
+  for (int r = 0; r < R; ++r) {
+    float tail = 0;
+    for (int64_t j = i; j < k; ++j)
+      tail += static_cast<float>(c10::BFloat16(w[j], c10::BFloat16::from_bits())) *
+              static_cast<float>(c10::BFloat16(x[r * k + j], c10::BFloat16::from_bits()));
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[r][0], a[r][1])) + tail;
+  }
+}
+
+// y = x · Wᵀ + b for bf16 x (m, k) and W (n, k), 4 rows of x a weight row at a time
+template <typename Y>
+ATTNLAB_BF16_TARGET void bf16_product(const uint16_t* x, const uint16_t* w, const void* bias,
+                                      bool bias_is_t, Y* y, int64_t m, int64_t n, int64_t k) {
+  at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
+    float sums[4];
+    for (int64_t o = n0; o < n1; ++o) {
+      const float b = !bias ? 0.f
+                      : bias_is_t ? static_cast<float>(static_cast<const c10::BFloat16*>(bias)[o])
+                                  : static_cast<const float*>(bias)[o];
+      for (int64_t r = 0; r < m; r += 4) {
+        const int64_t rows = std::min<int64_t>(4, m - r);
+        const uint16_t* xr = x + r * k;
+        if (rows == 4) bf16_rows_dot<4>(w + o * k, xr, k, sums);
+        else if (rows == 3) bf16_rows_dot<3>(w + o * k, xr, k, sums);
+        else if (rows == 2) bf16_rows_dot<2>(w + o * k, xr, k, sums);
+        else bf16_rows_dot<1>(w + o * k, xr, k, sums);
+        for (int64_t j = 0; j < rows; ++j) y[(r + j) * n + o] = Y(sums[j] + b);
+      }
+    }
+  });
+}
+
+// Whether this CPU runs vdpbf16ps (the build asked for it; checked again where it runs)
+bool dpbf16_here() {
+  static const bool here = __builtin_cpu_supports("avx512bf16");
+  return here;
+}
+
+// A bf16 W and 4 or more rows: x rounded to bf16 (a copy, if it is float32), then vdpbf16ps
+bool run_dpbf16(const at::Tensor& x, const at::Tensor& weight, const void* bias,
+                bool bias_is_t, at::Tensor& y) {
+  const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
+  if (m < kDotRows || !dpbf16_here()) return false;
+  const at::Tensor xb = x.scalar_type() == at::kBFloat16 ? x : x.to(at::kBFloat16);
+  const auto* xp = reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>());
+  const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
+  if (y.scalar_type() == at::kFloat)
+    bf16_product(xp, w, bias, bias_is_t, y.data_ptr<float>(), m, n, k);
+  else
+    bf16_product(xp, w, bias, bias_is_t, y.data_ptr<at::BFloat16>(), m, n, k);
+  return true;
+}
+#endif
+
 template <typename T>
 void run(const at::Tensor& x, const at::Tensor& weight, const void* bias, bool bias_is_t,
          at::Tensor& y) {
   const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
+#if defined(ATTNLAB_HAS_DPBF16)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (run_dpbf16(x, weight, bias, bias_is_t, y)) return;
+  }
+#endif
   const T* w = weight.data_ptr<T>();
   if (x.scalar_type() == at::kFloat) {
     product(x.data_ptr<float>(), w, bias, bias_is_t, y.data_ptr<float>(), m, n, k);

@@ -125,6 +125,62 @@ def test_the_float_kernel_widens_16_bit_weights(dtype):
     assert torch.allclose(got, exact, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("k", [83, 100, 200])  # (the 64- and 32-wide steps, and the tail)
+def test_a_bf16_batch_rounds_x_from_4_rows_where_the_cpu_has_avx512_bf16(k):
+    """A bf16 W: 1–3 rows (and any rows where the CPU lacks AVX512-BF16, or under
+    ``make test-avx2``) multiply float32 x; from ``bf16_dot_rows()`` rows, x rounded to bf16.
+    Either way the float64 product of those values within float32's sums, the bias added in
+    float32, and each row's result bit for bit the same whatever rows come with it (the order
+    of its sums is its own): a batch gives each sequence what the same batch size gives it."""
+    torch.manual_seed(0)
+    w, b = torch.randn(45, k).bfloat16(), torch.randn(45)
+    x = torch.randn(9, k)
+    dot = cpu_kernels.bf16_dot_rows()
+    for rows in range(1, 9):
+        got = torch.ops.attnlab.float_matmul(x[:rows].contiguous(), w, b)
+        rounded = dot is not None and rows >= dot
+        values = x[:rows].bfloat16() if rounded else x[:rows]
+        exact = values.double() @ w.double().t() + b.double()
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+        if rounded:  # float32 x would differ by bf16's rounding of x, far more than 1e-5
+            assert not torch.allclose(got.double(), x[:rows].double() @ w.double().t()
+                                      + b.double(), rtol=1e-5, atol=1e-5)
+    if dot is not None:
+        eight = torch.ops.attnlab.float_matmul(x[:8].contiguous(), w, b)
+        for start in (0, 3, 4):  # the same rows, in other blocks of 4
+            five = torch.ops.attnlab.float_matmul(x[start:start + 5].contiguous(), w, b)
+            assert torch.equal(five[: 8 - start], eight[start:start + 5])
+        # bf16 x and a bf16 bias: the same sums, y rounded once to bf16
+        ours = torch.ops.attnlab.float_matmul(x[:6].bfloat16(), w, b.bfloat16())
+        widened = torch.ops.attnlab.float_matmul(x[:6].bfloat16().float(), w, b.bfloat16())
+        assert ours.dtype == torch.bfloat16 and torch.equal(ours, widened.bfloat16())
+
+
+def test_vdpbf16ps_is_built_only_for_a_cpu_with_avx512_bf16_and_bf16_not_forced_off(
+        monkeypatch):
+    """The build flag follows ATen's capability and the CPU's flags, and
+    ``ATTNLAB_NATIVE_BF16=0`` (with ``ATEN_CPU_CAPABILITY=avx2``, a CPU without it) drops it."""
+    from attnlab import hardware
+
+    def flags(capability: str, listed: bool, native: str | None) -> list[str]:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        cpu = {"avx2", "avx512f"} | ({"avx512_bf16"} if listed else set())
+        monkeypatch.setattr(hardware, "cpu_flags", lambda: ("Test CPU", frozenset(cpu)))
+        if native is None:
+            monkeypatch.delenv("ATTNLAB_NATIVE_BF16", raising=False)
+        else:
+            monkeypatch.setenv("ATTNLAB_NATIVE_BF16", native)
+        return cpu_kernels._flags()[0]
+
+    assert "-DATTNLAB_DPBF16" in flags("AVX512", True, None)
+    assert "-DATTNLAB_DPBF16" in flags("AVX512", True, "1")
+    assert "-DATTNLAB_DPBF16" not in flags("AVX512", True, "0")
+    assert "-DATTNLAB_DPBF16" not in flags("AVX512", False, None)
+    assert "-DATTNLAB_DPBF16" not in flags("AVX2", True, None)
+    assert "-mavx2" in flags("AVX2", True, None)
+
+
 # --- stacked float projections (fuse_projections_ over KernelLinear) -------------------------
 def _kernel_layers(sizes, bias: bool, in_features: int = 83) -> list[KernelLinear]:
     layers = [torch.nn.Linear(in_features, n, bias=bias) for n in sizes]
@@ -199,8 +255,8 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
     """bf16 for_decoding (``--precision bf16``) on the kernel: every linear a bf16
     KernelLinear, Q/K/V and W₁/W₃ stacked, the token embedding's table bf16 (tied or not) and
     everything else float32, so the rows, the KV cache and the logits are float32. Only the
-    weights are rounded: each step's logits (the prompt's 6 rows on the kernel, 9 rows on a
-    bf16 GEMM, then cached steps) are those of the same bf16 weights in float64 to float32's
+    weights are rounded: each step's logits (the prompt's 3 or 6 rows on the kernel, 9 rows on
+    a bf16 GEMM, then cached steps) are those of the same bf16 weights in float64 to float32's
     sums (1e-4 of the largest logit), not a few bf16 steps (1%) as with bf16 activations."""
     import copy
 
@@ -223,7 +279,8 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
     assert model.embed.weight.dtype == model.lm_head.weight.dtype == torch.bfloat16
     assert {p.dtype for n, p in model.named_parameters() if "norm" in n} == {torch.float32}
     ids = torch.randint(0, config.vocab_size, (1, 13))
-    for prompt in (6, 9):
+    dot = cpu_kernels.bf16_dot_rows()  # from these rows x is rounded to bf16 (AVX512-BF16)
+    for prompt in (3, 6, 9):
         logits = {}
         with torch.no_grad():
             for name, m in (("kernel", model), ("exact", exact)):
@@ -235,6 +292,8 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
                     assert logits[name].dtype == cache[0].k.dtype == torch.float32
         ours = (logits["kernel"].double() - logits["exact"]).abs().max()
         scale = logits["exact"].abs().max()
-        # the 9-row prompt rounds x to bf16 for its GEMM: a bf16 step there, float32 after
-        bound = (0.01 if prompt == 9 else 1e-4) * scale
+        # the 9-row prompt rounds x to bf16 for its GEMM (and the 6-row one for vdpbf16ps,
+        # where the CPU has it): a bf16 step there, float32 after
+        rounded = prompt == 9 or dot is not None and prompt >= dot
+        bound = (0.01 if rounded else 1e-4) * scale
         assert ours <= bound, (prompt, ours, scale)
