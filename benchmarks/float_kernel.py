@@ -10,7 +10,9 @@ products, ``y = x · Wᵀ`` for ``--rows`` rows of ``x``, by:
   ``decoding_layout_`` did before the kernel);
 * with ``--dtype bf16``: the same matrices in bfloat16, attnlab's kernel with bf16 ``x`` and
   ``y`` (what a bf16 ``KernelLinear`` runs: ``x`` widened once a call) and with float32 ``x``
-  and ``y``, each weight widened to float32 as it is read, against PyTorch's bf16 product.
+  and ``y``, each weight widened to float32 as it is read, against PyTorch's bf16 product;
+  and, where the kernels run AVX512-BF16, ``bf16_batch_matmul`` (what a step of 4 or more
+  sequences runs: ``x`` rounded to bf16, ``vdpbf16ps``).
 
 Each figure is the best of 5 passes; GB/s is the weights' bytes over the time.
 
@@ -62,14 +64,9 @@ def main() -> None:
     xs = {k: torch.randn(args.rows, k, generator=g) for k in {s[1] for s in SHAPES}}
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     ours = torch.ops.attnlab.float_matmul
-    from attnlab.nn import cpu_kernels
-
-    dot = cpu_kernels.bf16_dot_rows()  # from these rows a bf16 W meets x rounded to bf16
-    rounded = dtype == torch.bfloat16 and dot is not None and args.rows >= dot
     for w in weights[:4] + weights[-1:]:  # the same products first
         x = xs[w.shape[1]]
-        want = F.linear(x.to(dtype).float() if rounded else x, w.float())
-        assert torch.allclose(ours(x, w, None), want, atol=1e-3, rtol=1e-4)
+        assert torch.allclose(ours(x, w, None), F.linear(x, w.float()), atol=1e-3, rtol=1e-4)
         if dtype != torch.float32:  # bf16 x: the float64 product of the same values, rounded
             h = x.to(dtype)
             exact = h.double() @ w.double().t()
@@ -85,6 +82,16 @@ def main() -> None:
         runs["attnlab float_matmul, float32 x (widened)"] = one_pass(
             lambda x, w: ours(x, w, None), weights, xs)
         runs["PyTorch linear, bf16 x"] = one_pass(F.linear, weights, half)
+        from attnlab.nn import cpu_kernels
+
+        if cpu_kernels.bf16_dot_rows() is not None:
+            batch = torch.ops.attnlab.bf16_batch_matmul
+            for w in weights[:4] + weights[-1:]:
+                x = xs[w.shape[1]]
+                want = F.linear(x.to(dtype).float(), w.float())
+                assert torch.allclose(batch(x, w, None), want, atol=1e-3, rtol=1e-4)
+            runs["attnlab bf16_batch_matmul (x rounded to bf16, vdpbf16ps)"] = one_pass(
+                lambda x, w: batch(x, w, None), weights, xs)
     print(f"{len(weights)} matrices, {nbytes / 1e6:.0f} MB of {args.dtype} weights, "
           f"{args.rows} row(s) of x")
     print("| kernel | ms a pass | GB/s | vs attnlab |")

@@ -26,7 +26,9 @@ its codes at the memory's speed. PyTorch's int4 and int8 CPU kernels for one row
 ``W (out, in)`` row-major float32, float16 or bfloat16 (widened to float32 as it is read), the
 sums in float32; ``x`` and ``b`` float32 or ``W``'s dtype, ``y`` in ``x``'s (rounded once), so
 a bf16 layer's call has no conversions around it; :class:`attnlab.nn.layout.KernelLinear`
-calls it.
+calls it. ``bf16_batch_matmul(x, weight, bias)``: a bf16 ``W`` against a decoding step of
+several sequences, ``x`` rounded to bf16 and multiplied with AVX512-BF16's ``vdpbf16ps``
+where that is built and runs (:func:`bf16_dot_rows`), else ``float_matmul``.
 
 ``decode_attention.cpp``: ``decode_attention(q, k, v, mask, scale)``, softmax attention of one
 query a row ``q (b, h, 1, d)`` over a cache ``k, v (b, h_kv, slots, d)`` (grouped queries;
@@ -39,7 +41,8 @@ machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``,
 temporary folder; a failed build leaves a ``FAILED`` file there, so that later processes do
 not retry it). It is
 compiled for the CPU capability ATen reports (AVX2 code on AVX2 and AVX-512 x86, so the
-AVX2 emulation runs what an AVX2 laptop runs; portable vector code elsewhere) and threads
+AVX2 emulation runs what an AVX2 laptop runs, plus ``bf16_batch_matmul``'s AVX-512 code where
+the CPU has AVX512-BF16; portable vector code elsewhere) and threads
 with the OpenMP runtime torch itself loaded, never a second one (on macOS it runs on one
 thread: torch's libomp is not linked). Where it cannot be built (Windows: the source is
 GCC/Clang C++), :func:`available` is False and the layers fall back to PyTorch's kernels
@@ -68,6 +71,7 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _SOURCES = [Path(__file__).with_name(n)
             for n in ("int_kernels.cpp", "float_kernels.cpp", "decode_attention.cpp")]
 _HEADERS = [Path(__file__).with_name("vectors.h")]  # (part of the cache key)
+_DPBF16 = "-DATTNLAB_DPBF16"  # bf16_batch_matmul's vdpbf16ps (float_kernels.cpp)
 
 
 def _openmp_runtime() -> str | None:
@@ -90,8 +94,8 @@ def _flags() -> tuple[list[str], list[str]]:
     capability = torch.backends.cpu.get_cpu_capability()
     if capability in ("AVX2", "AVX512"):
         cflags += ["-mavx2", "-mfma", "-mf16c"]
-    if capability == "AVX512" and _native_bf16_dot():
-        cflags.append("-DATTNLAB_DPBF16")  # batches of a bf16 layer: vdpbf16ps (bf16_dot_rows)
+    if capability == "AVX512" and _bf16_dot():
+        cflags.append(_DPBF16)
     runtime = _openmp_runtime() if torch.backends.openmp.is_available() else None
     if runtime is not None and os.name == "posix" and not runtime.endswith(".dylib"):
         cflags.append("-fopenmp")
@@ -99,24 +103,28 @@ def _flags() -> tuple[list[str], list[str]]:
     return cflags, ldflags
 
 
-BF16_DOT_ROWS = 4  # (float_kernels.cpp's kDotRows)
+BF16_DOT_ROWS = 4  # a step of this many sequences or more takes bf16_batch_matmul
 
 
 def bf16_dot_rows() -> int | None:
-    """From how many rows of ``x`` the float kernel multiplies a bf16 weight by ``x`` rounded to
-    bf16 with AVX512-BF16's ``vdpbf16ps`` (float32 sums; a batch's product is otherwise bound
-    by widening and multiply-adds), or None where it never does (fewer rows, other dtypes and
-    other CPUs keep float32 ``x``)."""
-    return BF16_DOT_ROWS if available() and "-DATTNLAB_DPBF16" in _BUILT_WITH else None
+    """From how many sequences a decoding step multiplies a bf16 layer's weight by ``x``
+    rounded to bf16 with AVX512-BF16's ``vdpbf16ps`` (``bf16_batch_matmul``: float32 sums; with
+    float32 ``x`` such a batch is bound by widening the weights and multiply-adds), or None
+    where the kernels do not run it (a CPU without AVX512-BF16, ATen below AVX-512,
+    ``ATTNLAB_NATIVE_BF16=0`` or ``ATTNLAB_DPBF16=0``, a compiler without it). One to 3
+    sequences, several tokens of one sequence (a prompt, speculative verification) and other
+    dtypes keep float32 ``x``."""
+    return _DOT_ROWS if available() else None
 
 
-def _native_bf16_dot() -> bool:
-    """Whether the CPU lists AVX512-BF16 and bf16 is not forced off (``ATTNLAB_NATIVE_BF16=0``,
-    which with ``ATEN_CPU_CAPABILITY=avx2`` stands for a CPU without it)."""
+def _bf16_dot() -> bool:
+    """Whether to build ``vdpbf16ps``: the CPU lists AVX512-BF16 and neither
+    ``ATTNLAB_NATIVE_BF16=0`` (with ``ATEN_CPU_CAPABILITY=avx2``, a CPU without it) nor
+    ``ATTNLAB_DPBF16=0`` (float32 ``x`` for batches too) turns it off."""
     from attnlab.hardware import cpu_flags
 
     return (os.environ.get("ATTNLAB_NATIVE_BF16") != "0"
-            and "avx512_bf16" in cpu_flags()[1])
+            and os.environ.get("ATTNLAB_DPBF16") != "0" and "avx512_bf16" in cpu_flags()[1])
 
 
 def _cache_dir() -> Path:
@@ -136,7 +144,7 @@ def _cache_dir() -> Path:
 
 
 _LOADED: bool | None = None  # decided once a process
-_BUILT_WITH: list[str] = []  # the compiler flags of the kernels this process loaded
+_DOT_ROWS: int | None = None  # bf16_dot_rows(), once loaded
 _LOCK = threading.Lock()
 
 
@@ -161,6 +169,18 @@ def _load() -> bool:
     if os.name == "nt":  # the source is GCC/Clang C++ (vector extensions), not MSVC's
         return _without("not built on Windows")
     cflags, ldflags = _flags()
+    built = _build(cflags, ldflags)
+    if built is not True and _DPBF16 in cflags:  # (an assembler without AVX512-BF16, say)
+        built = _build([f for f in cflags if f != _DPBF16], ldflags)
+    if built is not True:
+        return _without(built)
+    global _DOT_ROWS
+    _DOT_ROWS = BF16_DOT_ROWS if torch.ops.attnlab.bf16_dot_here() else None
+    return True
+
+
+def _build(cflags: list[str], ldflags: list[str]) -> bool | str:
+    """True once the kernels built with these flags are loaded, else why not."""
     parts = [*(f.read_text() for f in _SOURCES + _HEADERS), torch.__version__, sys.platform,
              platform.machine(), *cflags, *ldflags]
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -168,7 +188,7 @@ def _load() -> bool:
     where = _cache_dir() / name
     failed = where / "FAILED"  # a failed build is not retried by every process
     if failed.is_file():
-        return _without(f"{failed.read_text().strip()}; delete {failed} to try again")
+        return f"{failed.read_text().strip()}; delete {failed} to try again"
     try:
         from torch.utils import cpp_extension
 
@@ -177,14 +197,13 @@ def _load() -> bool:
                            extra_ldflags=ldflags, build_directory=str(where),
                            is_python_module=False, verbose=False)
         _register_shapes()
-        _BUILT_WITH[:] = cflags
     except Exception as error:  # no compiler, no ninja, an unwritable cache: run without them
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         try:
             failed.write_text(first + "\n")
         except OSError:
             pass
-        return _without(first)
+        return first
     return True
 
 
@@ -199,7 +218,8 @@ def _register_shapes() -> None:
     """What ``torch.compile`` needs to trace through the kernels: the output's shape
     (``register_fake`` from torch 2.4, ``impl_abstract`` before)."""
     register = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
-    for op in ("attnlab::int8_matmul", "attnlab::int4_matmul", "attnlab::float_matmul"):
+    for op in ("attnlab::int8_matmul", "attnlab::int4_matmul", "attnlab::float_matmul",
+               "attnlab::bf16_batch_matmul"):
         register(op)(_product_like)
     register("attnlab::decode_attention")(_attention_like)
 
@@ -212,4 +232,4 @@ def _attention_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest) ->
     return q.new_empty(*q.shape[:-1], v.shape[-1])
 
 
-__all__ = ["FLOAT_DTYPES", "available"]
+__all__ = ["BF16_DOT_ROWS", "FLOAT_DTYPES", "available", "bf16_dot_rows"]

@@ -9,17 +9,18 @@
 // y is x's dtype, each sum rounded to it once (so a bf16 layer's call needs no conversions
 // around it). Each thread takes a block of output channels and reads each weight row once for
 // all the rows of x (it stays in L1 between them), with four independent sums of 8 lanes; the
-// same order of sums whatever the threads. (AVX512-BF16's vdpbf16ps, 32 bf16 products an
-// instruction, was slower on a Zen 4: 10.7 against 9.3 ms over SmolLM2's matrices. Two threads
+// same order of sums whatever the threads. (For one row, AVX512-BF16's vdpbf16ps, 32 bf16
+// products an instruction, was slower on a Zen 4: 10.7 against 9.3 ms over SmolLM2's matrices. Two threads
 // read bf16 at 28.6-30 GB/s and float32 at 29.8-32.5: memory, more than widening, bounds them.)
 //
-// A batch is another matter: from 4 rows of x, widening each weight again for every row and
-// fused multiply-adds of 8 lanes make the product compute-bound (8 rows of SmolLM2's bf16
-// matrices took 3.4x one row's time on a 2-core Zen 4). Where the build found AVX512-BF16
-// (ATTNLAB_DPBF16, set by cpu_kernels.py), a bf16 W meets 4 or more rows with vdpbf16ps: x is
-// rounded to bf16 once a call, each instruction multiplies 32 pairs exactly and adds them into
-// 16 float32 sums (8 rows: 1.8x faster; 1 to 3 rows stay on the float32-x path above, which
-// memory bounds). Each row's sums run in the same order whatever the other rows and threads.
+// bf16_batch_matmul(x, weight, bias): the same product for a bf16 W and a batch of one-token
+// rows (KernelLinear sends it a step of 4 or more sequences). There widening each weight again
+// for every row, and 8-lane multiply-adds, make the product compute-bound: 8 rows of SmolLM2's
+// bf16 matrices took 3.4x one row's time on a 2-core Zen 4. Where the build has AVX512-BF16
+// (ATTNLAB_DPBF16, set by cpu_kernels.py) and the CPU runs it, x is rounded to bf16 once a call
+// and vdpbf16ps multiplies 32 pairs exactly an instruction, adding them into 16 float32 sums
+// (8 rows: 1.8x faster). Each row's sums run in an order of its own, whatever the other rows
+// and threads. Elsewhere it is float_matmul. bf16_dot_here() says which.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -29,7 +30,6 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
-#include <type_traits>
 #if defined(ATTNLAB_DPBF16) && defined(__x86_64__) && \
     ((defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && __GNUC__ >= 10))
 #include <immintrin.h>
@@ -75,11 +75,9 @@ void product(const float* x, const T* w, const void* bias, bool bias_is_t, Y* y,
 }
 
 #if defined(ATTNLAB_HAS_DPBF16)
-constexpr int64_t kDotRows = 4;  // from this many rows of x, a bf16 W takes vdpbf16ps
-
 #define ATTNLAB_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
-// out[r] = Σ_k w[k] · x[r·k + k'] for R bf16 rows of x against one bf16 weight row: 2 chains
+// out[r] = Σ_j w[j] · x[r·k + j] for R bf16 rows of x against one bf16 weight row: 2 chains
 // of 16 float32 lanes, each step adding 32 exact products a chain; the tail one at a time
 template <int R>
 ATTNLAB_BF16_TARGET inline void bf16_rows_dot(const uint16_t* w, const uint16_t* x, int64_t k,
@@ -133,16 +131,15 @@ ATTNLAB_BF16_TARGET void bf16_product(const uint16_t* x, const uint16_t* w, cons
 }
 
 // Whether this CPU runs vdpbf16ps (the build asked for it; checked again where it runs)
-bool dpbf16_here() {
+bool dpbf16_cpu() {
   static const bool here = __builtin_cpu_supports("avx512bf16");
   return here;
 }
 
-// A bf16 W and 4 or more rows: x rounded to bf16 (a copy, if it is float32), then vdpbf16ps
-bool run_dpbf16(const at::Tensor& x, const at::Tensor& weight, const void* bias,
+// x rounded to bf16 (a copy, if it is float32), then vdpbf16ps
+void run_dpbf16(const at::Tensor& x, const at::Tensor& weight, const void* bias,
                 bool bias_is_t, at::Tensor& y) {
   const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
-  if (m < kDotRows || !dpbf16_here()) return false;
   const at::Tensor xb = x.scalar_type() == at::kBFloat16 ? x : x.to(at::kBFloat16);
   const auto* xp = reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>());
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
@@ -150,7 +147,6 @@ bool run_dpbf16(const at::Tensor& x, const at::Tensor& weight, const void* bias,
     bf16_product(xp, w, bias, bias_is_t, y.data_ptr<float>(), m, n, k);
   else
     bf16_product(xp, w, bias, bias_is_t, y.data_ptr<at::BFloat16>(), m, n, k);
-  return true;
 }
 #endif
 
@@ -158,11 +154,6 @@ template <typename T>
 void run(const at::Tensor& x, const at::Tensor& weight, const void* bias, bool bias_is_t,
          at::Tensor& y) {
   const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
-#if defined(ATTNLAB_HAS_DPBF16)
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
-    if (run_dpbf16(x, weight, bias, bias_is_t, y)) return;
-  }
-#endif
   const T* w = weight.data_ptr<T>();
   if (x.scalar_type() == at::kFloat) {
     product(x.data_ptr<float>(), w, bias, bias_is_t, y.data_ptr<float>(), m, n, k);
@@ -176,8 +167,10 @@ void run(const at::Tensor& x, const at::Tensor& weight, const void* bias, bool b
   product(wide.get(), w, bias, bias_is_t, y.data_ptr<T>(), m, n, k);
 }
 
-at::Tensor float_matmul(const at::Tensor& x, const at::Tensor& weight,
-                        const std::optional<at::Tensor>& bias) {
+// The bias's data and whether it is W's 16-bit dtype (else float32; nullptr: none), once the
+// operands are checked
+const void* checked(const at::Tensor& x, const at::Tensor& weight,
+                    const std::optional<at::Tensor>& bias, bool* bias_is_t) {
   const auto wt = weight.scalar_type();
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.is_cpu() &&
                   (wt == at::kFloat || wt == at::kHalf || wt == at::kBFloat16),
@@ -187,19 +180,23 @@ at::Tensor float_matmul(const at::Tensor& x, const at::Tensor& weight,
                   (x.scalar_type() == at::kFloat || x.scalar_type() == wt),
               "attnlab float kernel: x must be a contiguous (rows, in) CPU matrix with the "
               "weight's width, float32 or the weight's dtype");
-  const void* b = nullptr;
-  bool bias_is_t = false;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_cpu() && bias->is_contiguous() && bias->dim() == 1 &&
-                    bias->size(0) == weight.size(0) &&
-                    (bias->scalar_type() == at::kFloat || bias->scalar_type() == wt),
-                "attnlab float kernel: the bias must be a contiguous (out,) CPU vector, "
-                "float32 or the weight's dtype");
-    b = bias->data_ptr();
-    bias_is_t = bias->scalar_type() != at::kFloat;
-  }
+  *bias_is_t = false;
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->is_cpu() && bias->is_contiguous() && bias->dim() == 1 &&
+                  bias->size(0) == weight.size(0) &&
+                  (bias->scalar_type() == at::kFloat || bias->scalar_type() == wt),
+              "attnlab float kernel: the bias must be a contiguous (out,) CPU vector, "
+              "float32 or the weight's dtype");
+  *bias_is_t = bias->scalar_type() != at::kFloat;
+  return bias->data_ptr();
+}
+
+at::Tensor float_matmul(const at::Tensor& x, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias) {
+  bool bias_is_t;
+  const void* b = checked(x, weight, bias, &bias_is_t);
   at::Tensor y = at::empty({x.size(0), weight.size(0)}, x.options());
-  switch (wt) {
+  switch (weight.scalar_type()) {
     case at::kFloat: run<float>(x, weight, b, bias_is_t, y); break;
     case at::kHalf: run<at::Half>(x, weight, b, bias_is_t, y); break;
     default: run<at::BFloat16>(x, weight, b, bias_is_t, y); break;
@@ -207,10 +204,37 @@ at::Tensor float_matmul(const at::Tensor& x, const at::Tensor& weight,
   return y;
 }
 
+bool bf16_dot_here() {
+#if defined(ATTNLAB_HAS_DPBF16)
+  return dpbf16_cpu();
+#else
+  return false;
+#endif
+}
+
+at::Tensor bf16_batch_matmul(const at::Tensor& x, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16,
+              "attnlab float kernel: bf16_batch_matmul takes a bfloat16 weight");
+  if (!bf16_dot_here()) return float_matmul(x, weight, bias);
+#if defined(ATTNLAB_HAS_DPBF16)
+  bool bias_is_t;
+  const void* b = checked(x, weight, bias, &bias_is_t);
+  at::Tensor y = at::empty({x.size(0), weight.size(0)}, x.options());
+  run_dpbf16(x, weight, b, bias_is_t, y);
+  return y;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(attnlab, m) {
   m.def("float_matmul(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("bf16_batch_matmul(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("bf16_dot_here() -> bool", &bf16_dot_here);
 }
 
-TORCH_LIBRARY_IMPL(attnlab, CPU, m) { m.impl("float_matmul", &float_matmul); }
+TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
+  m.impl("float_matmul", &float_matmul);
+  m.impl("bf16_batch_matmul", &bf16_batch_matmul);
+}

@@ -15,7 +15,9 @@ ends (its end token, its token or time limit, its client gone): its row is dropp
 columns that are padding in every remaining row are cut off, so T never exceeds the longest
 row in flight and each row stays within the model's context. Positions come from the mask
 (each row counts its own real tokens), so a row's tokens equal those of decoding it alone, up
-to the rounding of a batched matrix product.
+to the rounding of a batched matrix product (a bf16 model's step of 4 rows or more multiplies
+activations rounded to bf16 where the kernels run AVX512-BF16,
+:func:`~attnlab.nn.cpu_kernels.bf16_dot_rows`).
 
 With a compiled one-token step (``serve``'s default), the batch lives in fixed shapes instead
 (:mod:`attnlab.serving.static_batch`): the same rows, columns and masks, in storage that

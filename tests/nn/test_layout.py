@@ -2,6 +2,8 @@
 decoding_layout_ is tested with generation, tests/generation/test_generate.py; stack_rows with
 the integer layers, tests/nn/test_quantized.py)."""
 
+import os
+
 import pytest
 import torch
 
@@ -125,60 +127,93 @@ def test_the_float_kernel_widens_16_bit_weights(dtype):
     assert torch.allclose(got, exact, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("k", [83, 100, 200])  # (the 64- and 32-wide steps, and the tail)
-def test_a_bf16_batch_rounds_x_from_4_rows_where_the_cpu_has_avx512_bf16(k):
-    """A bf16 W: 1–3 rows (and any rows where the CPU lacks AVX512-BF16, or under
-    ``make test-avx2``) multiply float32 x; from ``bf16_dot_rows()`` rows, x rounded to bf16.
-    Either way the float64 product of those values within float32's sums, the bias added in
-    float32, and each row's result bit for bit the same whatever rows come with it (the order
-    of its sums is its own): a batch gives each sequence what the same batch size gives it."""
+@pytest.mark.parametrize("k", [19, 83, 100, 200])  # (the 64- and 32-wide steps, the tail)
+def test_bf16_batch_matmul_multiplies_x_rounded_to_bf16_where_it_runs_vdpbf16ps(k):
+    """``bf16_batch_matmul``: where the kernels run AVX512-BF16 (``bf16_dot_rows()``), the
+    float64 product of x rounded to bf16 and the bf16 W within float32's sums, the bias added
+    in float32, each row's result bit for bit the same whatever rows come with it, and y
+    rounded once for bf16 x; elsewhere (``make test-avx2``) exactly ``float_matmul``, float32 x.
+    ``float_matmul`` never rounds x."""
     torch.manual_seed(0)
     w, b = torch.randn(45, k).bfloat16(), torch.randn(45)
     x = torch.randn(9, k)
     dot = cpu_kernels.bf16_dot_rows()
-    for rows in range(1, 9):
-        got = torch.ops.attnlab.float_matmul(x[:rows].contiguous(), w, b)
-        rounded = dot is not None and rows >= dot
-        values = x[:rows].bfloat16() if rounded else x[:rows]
-        exact = values.double() @ w.double().t() + b.double()
+    for rows in range(1, 10):
+        part = x[:rows].contiguous()
+        got = torch.ops.attnlab.bf16_batch_matmul(part, w, b)
+        plain = torch.ops.attnlab.float_matmul(part, w, b)
+        rounded = part.bfloat16().double() @ w.double().t() + b.double()
+        exact = part.double() @ w.double().t() + b.double()
+        torch.testing.assert_close(plain.double(), exact, rtol=1e-5, atol=1e-5)
+        if dot is None:
+            assert torch.equal(got, plain)
+            continue
         assert got.dtype == torch.float32
-        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
-        if rounded:  # float32 x would differ by bf16's rounding of x, far more than 1e-5
-            assert not torch.allclose(got.double(), x[:rows].double() @ w.double().t()
-                                      + b.double(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.double(), rounded, rtol=1e-5, atol=1e-5)
+        # (float32 x differs by bf16's rounding of x, far more than 1e-5)
+        assert not torch.allclose(got.double(), exact, rtol=1e-5, atol=1e-5)
     if dot is not None:
-        eight = torch.ops.attnlab.float_matmul(x[:8].contiguous(), w, b)
-        for start in (0, 3, 4):  # the same rows, in other blocks of 4
-            five = torch.ops.attnlab.float_matmul(x[start:start + 5].contiguous(), w, b)
+        eight = torch.ops.attnlab.bf16_batch_matmul(x[:8].contiguous(), w, b)
+        for start in (0, 3, 4):  # the same rows in other blocks of 4
+            five = torch.ops.attnlab.bf16_batch_matmul(x[start:start + 5].contiguous(), w, b)
             assert torch.equal(five[: 8 - start], eight[start:start + 5])
-        # bf16 x and a bf16 bias: the same sums, y rounded once to bf16
-        ours = torch.ops.attnlab.float_matmul(x[:6].bfloat16(), w, b.bfloat16())
-        widened = torch.ops.attnlab.float_matmul(x[:6].bfloat16().float(), w, b.bfloat16())
+        ours = torch.ops.attnlab.bf16_batch_matmul(x[:6].bfloat16(), w, b.bfloat16())
+        widened = torch.ops.attnlab.bf16_batch_matmul(x[:6].bfloat16().float(), w,
+                                                      b.bfloat16())
         assert ours.dtype == torch.bfloat16 and torch.equal(ours, widened.bfloat16())
+    with pytest.raises(RuntimeError, match="bfloat16 weight"):
+        torch.ops.attnlab.bf16_batch_matmul(x, w.float(), None)
 
 
-def test_vdpbf16ps_is_built_only_for_a_cpu_with_avx512_bf16_and_bf16_not_forced_off(
-        monkeypatch):
-    """The build flag follows ATen's capability and the CPU's flags, and
-    ``ATTNLAB_NATIVE_BF16=0`` (with ``ATEN_CPU_CAPABILITY=avx2``, a CPU without it) drops it."""
+def test_a_bf16_kernel_layer_takes_vdpbf16ps_for_one_token_of_4_or_more_sequences():
+    """(batch, 1, in) and (batch, in) with batch ≥ bf16_dot_rows(): x rounded to bf16; 1–3
+    sequences, or the tokens of one sequence (a prompt, a verification), float32 x. Where the
+    CPU lists AVX512-BF16 and ATen runs AVX-512, the kernels are built with it."""
     from attnlab import hardware
 
-    def flags(capability: str, listed: bool, native: str | None) -> list[str]:
+    torch.manual_seed(0)
+    _, layer = _pair(True)
+    layer = layer.bfloat16()
+    dot = cpu_kernels.bf16_dot_rows()
+    on = (torch.backends.cpu.get_cpu_capability() == "AVX512"
+          and "avx512_bf16" in hardware.cpu_flags()[1]
+          and "0" not in (os.environ.get("ATTNLAB_NATIVE_BF16"), os.environ.get("ATTNLAB_DPBF16")))
+    assert dot == (cpu_kernels.BF16_DOT_ROWS if on else None)
+    ops = torch.ops.attnlab
+    for shape, batch in (((8, 1, 83), True), ((4, 83), True), ((3, 1, 83), False),
+                         ((1, 6, 83), False), ((2, 4, 83), False)):
+        x = torch.randn(shape)
+        with torch.no_grad():
+            got = layer(x)
+        rows = x.reshape(-1, 83).contiguous()
+        product = ops.bf16_batch_matmul if batch and dot is not None else ops.float_matmul
+        assert torch.equal(got, product(rows, layer.weight, layer.bias).view(got.shape)), shape
+
+
+def test_vdpbf16ps_is_built_only_for_a_cpu_with_avx512_bf16_unless_turned_off(monkeypatch):
+    """The build flag follows ATen's capability and the CPU's flags; ``ATTNLAB_NATIVE_BF16=0``
+    (with ``ATEN_CPU_CAPABILITY=avx2``, a CPU without it) and ``ATTNLAB_DPBF16=0`` drop it."""
+    from attnlab import hardware
+
+    def flags(capability: str, listed: bool, **env: str) -> list[str]:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
         cpu = {"avx2", "avx512f"} | ({"avx512_bf16"} if listed else set())
         monkeypatch.setattr(hardware, "cpu_flags", lambda: ("Test CPU", frozenset(cpu)))
-        if native is None:
-            monkeypatch.delenv("ATTNLAB_NATIVE_BF16", raising=False)
-        else:
-            monkeypatch.setenv("ATTNLAB_NATIVE_BF16", native)
+        for name in ("ATTNLAB_NATIVE_BF16", "ATTNLAB_DPBF16"):
+            if name in env:
+                monkeypatch.setenv(name, env[name])
+            else:
+                monkeypatch.delenv(name, raising=False)
         return cpu_kernels._flags()[0]
 
-    assert "-DATTNLAB_DPBF16" in flags("AVX512", True, None)
-    assert "-DATTNLAB_DPBF16" in flags("AVX512", True, "1")
-    assert "-DATTNLAB_DPBF16" not in flags("AVX512", True, "0")
-    assert "-DATTNLAB_DPBF16" not in flags("AVX512", False, None)
-    assert "-DATTNLAB_DPBF16" not in flags("AVX2", True, None)
-    assert "-mavx2" in flags("AVX2", True, None)
+    flag = cpu_kernels._DPBF16
+    assert flag in flags("AVX512", True)
+    assert flag in flags("AVX512", True, ATTNLAB_NATIVE_BF16="1")
+    assert flag not in flags("AVX512", True, ATTNLAB_NATIVE_BF16="0")
+    assert flag not in flags("AVX512", True, ATTNLAB_DPBF16="0")
+    assert flag not in flags("AVX512", False)
+    assert flag not in flags("AVX2", True)
+    assert "-mavx2" in flags("AVX2", True)
 
 
 # --- stacked float projections (fuse_projections_ over KernelLinear) -------------------------
@@ -279,7 +314,6 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
     assert model.embed.weight.dtype == model.lm_head.weight.dtype == torch.bfloat16
     assert {p.dtype for n, p in model.named_parameters() if "norm" in n} == {torch.float32}
     ids = torch.randint(0, config.vocab_size, (1, 13))
-    dot = cpu_kernels.bf16_dot_rows()  # from these rows x is rounded to bf16 (AVX512-BF16)
     for prompt in (3, 6, 9):
         logits = {}
         with torch.no_grad():
@@ -292,8 +326,6 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
                     assert logits[name].dtype == cache[0].k.dtype == torch.float32
         ours = (logits["kernel"].double() - logits["exact"]).abs().max()
         scale = logits["exact"].abs().max()
-        # the 9-row prompt rounds x to bf16 for its GEMM (and the 6-row one for vdpbf16ps,
-        # where the CPU has it): a bf16 step there, float32 after
-        rounded = prompt == 9 or dot is not None and prompt >= dot
-        bound = (0.01 if rounded else 1e-4) * scale
+        # the 9-row prompt rounds x to bf16 for its GEMM: a bf16 step there, float32 after
+        bound = (0.01 if prompt == 9 else 1e-4) * scale
         assert ours <= bound, (prompt, ours, scale)
