@@ -329,3 +329,24 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
         # the 9-row prompt rounds x to bf16 for its GEMM: a bf16 step there, float32 after
         bound = (0.01 if prompt == 9 else 1e-4) * scale
         assert ours <= bound, (prompt, ours, scale)
+
+
+def test_a_build_that_fails_with_vdpbf16ps_is_retried_without_it(monkeypatch):
+    """An assembler or compiler that cannot build the AVX512-BF16 code must not take the other
+    kernels with it: the build runs again without the flag; a second failure is said once."""
+    flag = cpu_kernels._DPBF16
+    calls = []
+
+    def build(cflags, ldflags, fails_without=False):
+        calls.append(list(cflags))
+        return "no AVX512-BF16 here" if flag in cflags or fails_without else True
+
+    monkeypatch.setattr(cpu_kernels, "_flags", lambda: (["-O3", flag], []))
+    monkeypatch.setattr(cpu_kernels, "_DOT_ROWS", cpu_kernels._DOT_ROWS)  # (restored after)
+    monkeypatch.setattr(cpu_kernels, "_build", build)
+    assert cpu_kernels._load() is True and calls == [["-O3", flag], ["-O3"]]
+    calls.clear()
+    monkeypatch.setattr(cpu_kernels, "_build", lambda c, ld: build(c, ld, fails_without=True))
+    with pytest.warns(RuntimeWarning, match="no AVX512-BF16 here"):
+        assert cpu_kernels._load() is False
+    assert calls == [["-O3", flag], ["-O3"]]
