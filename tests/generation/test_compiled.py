@@ -40,16 +40,17 @@ def family(name: str) -> GPT:
     return GPT(ModelConfig.from_preset(preset, **SMALL, **extra)).eval()
 
 
-def padded_prompt() -> tuple[torch.Tensor, torch.Tensor]:
-    """Two rows, the second left-padded by 3."""
-    ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, 9, dtype=torch.bool)
+def padded_prompt(rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` rows, the second left-padded by 3."""
+    ids = torch.randint(1, 97, (rows, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(rows, 9, dtype=torch.bool)
     mask[1, :3] = False
     return ids.masked_fill(~mask, 0), mask
 
 
 @pytest.mark.parametrize("name, backend", [("gpt2", "inductor"), ("llama", "inductor"),
                                            ("llama-bf16", "inductor"),
+                                           ("llama-bf16x4", "inductor"),
                                            ("llama-int4", "inductor"),
                                            ("mistral", "eager"), ("alibi", "eager")])
 def test_compiled_step_equals_the_eager_step_for_20_tokens(name, backend):
@@ -62,7 +63,9 @@ def test_compiled_step_equals_the_eager_step_for_20_tokens(name, backend):
     activations inductor rounds where it fuses, not where eager rounds: SmolLM2's greedy text
     parted after 22 tokens). ``llama-int4``: its linears' int4 codes (``quantize``, which casts
     the rest to bf16 where the CPU runs it natively), ``for_decoding`` with float32 activations
-    around them: RoPE's tables computed again in float32, not bf16's values widened."""
+    around them: RoPE's tables computed again in float32, not bf16's values widened.
+    ``llama-bf16x4``: 4 rows, which on a CPU with AVX512-BF16 take ``bf16_batch_matmul`` (x
+    rounded to bf16) in both steps alike."""
     torch._dynamo.reset()
     model = family(name.split("-")[0])
     if "-" in name:
@@ -72,7 +75,8 @@ def test_compiled_step_equals_the_eager_step_for_20_tokens(name, backend):
 
         if name.endswith("-int4"):
             quantize(model, bits=4)
-        model = for_decoding(model, "cpu", "bf16", integer=name.endswith("-int4"))
+        model = for_decoding(model, "cpu", "bf16", integer=name.endswith("-int4"),
+                             rows=4 if name.endswith("x4") else 1)
         qkv = model.blocks.layers[0].self_attn.qkv
         assert (isinstance(qkv, Int4Linear) if name.endswith("-int4")
                 else qkv.weight.dtype == torch.bfloat16)
@@ -80,8 +84,9 @@ def test_compiled_step_equals_the_eager_step_for_20_tokens(name, backend):
         assert torch.equal(model.positional.cos, fresh.cos)
         assert torch.equal(model.positional.sin, fresh.sin)
         assert model.embed.out_dtype == torch.float32
-    ids, mask = padded_prompt()
-    tokens = torch.randint(1, 97, (2, 20), generator=torch.Generator().manual_seed(2))
+    rows = 4 if name.endswith("x4") else 2
+    ids, mask = padded_prompt(rows)
+    tokens = torch.randint(1, 97, (rows, 20), generator=torch.Generator().manual_seed(2))
     step = CompiledStep(backend=backend)
     with torch.no_grad():
         cache = model.new_cache(capacity=32, rolling=False)
@@ -91,7 +96,7 @@ def test_compiled_step_equals_the_eager_step_for_20_tokens(name, backend):
         grown = mask
         for t in range(tokens.shape[1]):
             token = tokens[:, t : t + 1]
-            grown = torch.cat([grown, torch.ones(2, 1, dtype=torch.bool)], 1)
+            grown = torch.cat([grown, torch.ones(rows, 1, dtype=torch.bool)], 1)
             eager = model(token, cache=cache, attention_mask=grown)[:, -1].float()
             compiled = static(model, token)
             assert (compiled - eager).abs().max() <= 1e-5, (name, t)
