@@ -74,7 +74,7 @@ def one_token(model: nn.Module, token: Tensor, key_mask: Tensor, cache: StaticCa
         mask = mask & (counted > positions + 1 - window)[:, None, None, :]
     h = model.blocks(x, mask=mask, positional=model.positional, positions=positions,
                      cache=cache)
-    return model.lm_head(h[:, -1]).float()
+    return model.lm_head(h[:, -1:])[:, 0].float()  # (batch, 1, d): as the eager step's head
 
 
 def encoder_decoder_token(model: nn.Module, token: Tensor, memory: Tensor, src_mask: Tensor,
@@ -92,7 +92,7 @@ def encoder_decoder_token(model: nn.Module, token: Tensor, memory: Tensor, src_m
                            positional=positional, positions=positions, cache=cache)
     if model.config.scale_tied_logits:  # T5 (see Transformer.decode)
         hidden = hidden * model.config.d_model ** -0.5
-    return model.lm_head(hidden[:, -1]).float()
+    return model.lm_head(hidden[:, -1:])[:, 0].float()
 
 
 def _signature(model: nn.Module, args: tuple) -> tuple:

@@ -206,10 +206,10 @@ def float32_activations_(model: nn.Module, dtype: torch.dtype | None = None) -> 
     exactly, so a layer computes ``x · Ŵᵀ`` of the rounded weights ``Ŵ`` in float32's sums, for
     up to its 8 rows (a token, a batch of 8); more rows (a prompt, speculative decoding's
     verification of 11 tokens, a server's larger batch) round ``x`` for the 16-bit GEMM, as
-    before: the kernel at 16 rows took 2x that GEMM's time. A step of 4 to 8 sequences through a
-    bf16 layer rounds ``x`` too where the kernels run AVX512-BF16 (its product is then
-    compute-bound: ``vdpbf16ps``, :func:`~attnlab.nn.cpu_kernels.bf16_dot_rows`); 1 to 3
-    sequences, and up to 8 tokens of one sequence, never do.
+    before: the kernel at 16 rows took 2x that GEMM's time. A step of 4 to 8 sequences (or
+    beams) through a bf16 layer rounds ``x`` too where the kernels run AVX512-BF16, for
+    ``vdpbf16ps`` (:func:`~attnlab.nn.cpu_kernels.bf16_dot_rows`: with float32 ``x`` such a
+    batch is compute-bound); 1 to 3 sequences, and up to 8 tokens of one sequence, never do.
 
     Why: with bf16 activations every op rounds its output, and the compiled step, which fuses
     ops and rounds where it fuses, parted from the eager step's greedy SmolLM2 text after 22

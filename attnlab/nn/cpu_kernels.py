@@ -111,9 +111,9 @@ def bf16_dot_rows() -> int | None:
     rounded to bf16 with AVX512-BF16's ``vdpbf16ps`` (``bf16_batch_matmul``: float32 sums; with
     float32 ``x`` such a batch is bound by widening the weights and multiply-adds), or None
     where the kernels do not run it (a CPU without AVX512-BF16, ATen below AVX-512,
-    ``ATTNLAB_NATIVE_BF16=0`` or ``ATTNLAB_DPBF16=0``, a compiler without it). One to 3
-    sequences, several tokens of one sequence (a prompt, speculative verification) and other
-    dtypes keep float32 ``x``."""
+    ``ATTNLAB_NATIVE_BF16=0`` or ``ATTNLAB_DPBF16=0``, a compiler without it, said once).
+    One to 3 sequences, several tokens of one sequence (a prompt, speculative verification)
+    and other dtypes keep float32 ``x``; beam search's beams are sequences here."""
     return _DOT_ROWS if available() else None
 
 
@@ -171,7 +171,11 @@ def _load() -> bool:
     cflags, ldflags = _flags()
     built = _build(cflags, ldflags)
     if built is not True and _DPBF16 in cflags:  # (an assembler without AVX512-BF16, say)
-        built = _build([f for f in cflags if f != _DPBF16], ldflags)
+        why, built = built, _build([f for f in cflags if f != _DPBF16], ldflags)
+        if built is True:  # said, not silent: its FAILED file would keep it off
+            warnings.warn(f"attnlab's AVX512-BF16 batch kernel could not be built ({why}); "
+                          "a step of several bf16 sequences multiplies float32 activations, "
+                          "slower", RuntimeWarning, stacklevel=3)
     if built is not True:
         return _without(built)
     global _DOT_ROWS

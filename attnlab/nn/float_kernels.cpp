@@ -10,17 +10,18 @@
 // around it). Each thread takes a block of output channels and reads each weight row once for
 // all the rows of x (it stays in L1 between them), with four independent sums of 8 lanes; the
 // same order of sums whatever the threads. (For one row, AVX512-BF16's vdpbf16ps, 32 bf16
-// products an instruction, was slower on a Zen 4: 10.7 against 9.3 ms over SmolLM2's matrices. Two threads
-// read bf16 at 28.6-30 GB/s and float32 at 29.8-32.5: memory, more than widening, bounds them.)
+// products an instruction, was slower on a Zen 4: 10.7 against 9.3 ms over SmolLM2's
+// matrices. Two threads read bf16 at 28.6-30 GB/s and float32 at 29.8-32.5: memory, more than
+// widening, bounds them.)
 //
 // bf16_batch_matmul(x, weight, bias): the same product for a bf16 W and a batch of one-token
-// rows (KernelLinear sends it a step of 4 or more sequences). There widening each weight again
-// for every row, and 8-lane multiply-adds, make the product compute-bound: 8 rows of SmolLM2's
-// bf16 matrices took 3.4x one row's time on a 2-core Zen 4. Where the build has AVX512-BF16
-// (ATTNLAB_DPBF16, set by cpu_kernels.py) and the CPU runs it, x is rounded to bf16 once a call
-// and vdpbf16ps multiplies 32 pairs exactly an instruction, adding them into 16 float32 sums
-// (8 rows: 1.8x faster). Each row's sums run in an order of its own, whatever the other rows
-// and threads. Elsewhere it is float_matmul. bf16_dot_here() says which.
+// rows (KernelLinear sends it a step of 4 or more sequences, or beams). There widening each
+// weight again for every row, and 8-lane multiply-adds, make the product compute-bound: 8 rows
+// of SmolLM2's bf16 matrices took 3.1-3.6x one row's time on a 2-core Zen 4. Where the build
+// has AVX512-BF16 (ATTNLAB_DPBF16, set by cpu_kernels.py) and the CPU runs it, x is rounded to
+// bf16 once a call and vdpbf16ps multiplies 32 pairs exactly an instruction, adding them into 16
+// float32 sums (8 rows: 1.8-2.0x faster). Each row's sums run in an order of its own, whatever
+// the other rows and threads. Elsewhere it is float_matmul. bf16_dot_here() says which.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -216,14 +217,16 @@ at::Tensor bf16_batch_matmul(const at::Tensor& x, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(weight.scalar_type() == at::kBFloat16,
               "attnlab float kernel: bf16_batch_matmul takes a bfloat16 weight");
-  if (!bf16_dot_here()) return float_matmul(x, weight, bias);
 #if defined(ATTNLAB_HAS_DPBF16)
-  bool bias_is_t;
-  const void* b = checked(x, weight, bias, &bias_is_t);
-  at::Tensor y = at::empty({x.size(0), weight.size(0)}, x.options());
-  run_dpbf16(x, weight, b, bias_is_t, y);
-  return y;
+  if (dpbf16_cpu()) {
+    bool bias_is_t;
+    const void* b = checked(x, weight, bias, &bias_is_t);
+    at::Tensor y = at::empty({x.size(0), weight.size(0)}, x.options());
+    run_dpbf16(x, weight, b, bias_is_t, y);
+    return y;
+  }
 #endif
+  return float_matmul(x, weight, bias);
 }
 
 }  // namespace

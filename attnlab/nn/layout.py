@@ -35,10 +35,11 @@ class KernelLinear(nn.Linear):
     the sums
     (with PyTorch's bf16 one-row product, compiled bf16 SmolLM2 decoded at 0.51–0.69x fp32's
     rate on a Zen 4 EPYC, reading half the bytes; the kernel takes 2.4–2.8x less time than
-    that product). A decoding step of 4 to 8 sequences through a bf16 layer, where the
-    kernels run AVX512-BF16 (:func:`~attnlab.nn.cpu_kernels.bf16_dot_rows`), rounds ``x`` to
-    bf16 and multiplies with ``vdpbf16ps``, float32 sums (8 rows of SmolLM2's matrices 1.8x
-    faster than widening the weights for each row); several tokens of one sequence never do.
+    that product). A decoding step of 4 to 8 sequences (or beams) through a bf16 layer,
+    ``x (batch, 1, in)``, where the kernels run AVX512-BF16
+    (:func:`~attnlab.nn.cpu_kernels.bf16_dot_rows`), rounds ``x`` to bf16 and multiplies with
+    ``vdpbf16ps``, float32 sums (8 rows of SmolLM2's matrices 1.8–2.0x faster than widening
+    the weights for each row); several tokens of one sequence never do.
     Anything else (more rows, a gradient to pass, another device or dtype, a weight not
     row-major, CPU autocast) is ``nn.Linear``'s own product."""
 
@@ -49,10 +50,9 @@ class KernelLinear(nn.Linear):
         if self._kernel_applies(x):
             rows = x.reshape(-1, w.shape[1]).contiguous()
             dot = cpu_kernels.bf16_dot_rows() if w.dtype == torch.bfloat16 else None
-            # one token of each of 4+ sequences ((batch, 1, in), or (batch, in) for the head):
-            # vdpbf16ps; a prompt's or a verification's tokens stay on float32 x
-            batch = dot is not None and rows.shape[0] >= dot and (x.dim() == 2
-                                                                  or x.shape[-2] == 1)
+            # one token of each of 4+ sequences, (batch, 1, in): vdpbf16ps; the tokens of one
+            # sequence (a prompt, a verification, any 2-D x) stay on float32 x
+            batch = dot is not None and rows.shape[0] >= dot and x.dim() >= 3 and x.shape[-2] == 1
             product = (torch.ops.attnlab.bf16_batch_matmul if batch
                        else torch.ops.attnlab.float_matmul)
             return product(rows, w, self.bias).view(*x.shape[:-1], w.shape[0])

@@ -166,9 +166,9 @@ def test_bf16_batch_matmul_multiplies_x_rounded_to_bf16_where_it_runs_vdpbf16ps(
 
 
 def test_a_bf16_kernel_layer_takes_vdpbf16ps_for_one_token_of_4_or_more_sequences():
-    """(batch, 1, in) and (batch, in) with batch ≥ bf16_dot_rows(): x rounded to bf16; 1–3
-    sequences, or the tokens of one sequence (a prompt, a verification), float32 x. Where the
-    CPU lists AVX512-BF16 and ATen runs AVX-512, the kernels are built with it."""
+    """(batch, 1, in) with batch ≥ bf16_dot_rows(): x rounded to bf16; 1–3 sequences, the
+    tokens of one sequence (a prompt, a verification) and any 2-D x, float32 x. Where the CPU
+    lists AVX512-BF16 and ATen runs AVX-512, the kernels are built with it."""
     from attnlab import hardware
 
     torch.manual_seed(0)
@@ -180,14 +180,41 @@ def test_a_bf16_kernel_layer_takes_vdpbf16ps_for_one_token_of_4_or_more_sequence
           and "0" not in (os.environ.get("ATTNLAB_NATIVE_BF16"), os.environ.get("ATTNLAB_DPBF16")))
     assert dot == (cpu_kernels.BF16_DOT_ROWS if on else None)
     ops = torch.ops.attnlab
-    for shape, batch in (((8, 1, 83), True), ((4, 83), True), ((3, 1, 83), False),
-                         ((1, 6, 83), False), ((2, 4, 83), False)):
+    for shape, batch in (((8, 1, 83), True), ((4, 1, 83), True), ((3, 1, 83), False),
+                         ((1, 6, 83), False), ((2, 4, 83), False), ((5, 83), False),
+                         ((3, 83), False)):
         x = torch.randn(shape)
         with torch.no_grad():
             got = layer(x)
         rows = x.reshape(-1, 83).contiguous()
         product = ops.bf16_batch_matmul if batch and dot is not None else ops.float_matmul
         assert torch.equal(got, product(rows, layer.weight, layer.bias).view(got.shape)), shape
+
+
+def test_speculative_verification_of_a_bf16_model_keeps_float32_activations():
+    """The head of a verification sees 5 tokens of one sequence as a 2-D (5, d): float32 x,
+    so its logits are the one-token steps' within float32's rounding (vdpbf16ps would move
+    them by bf16's, about 1e-3 here)."""
+    import copy
+
+    from attnlab.config import ModelConfig
+    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.generation.speculative import _logits
+    from attnlab.models import GPT
+
+    torch.manual_seed(0)
+    config = ModelConfig.from_preset("llama-mini", n_decoder_layers=2, d_ff=96)
+    model = for_decoding(GPT(config).eval(), "cpu", "bf16")
+    ids = torch.randint(0, config.vocab_size, (1, 9))
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(ids[:, :4], cache=cache)
+        stepped = copy.deepcopy(cache)
+        verified = _logits(model, ids[:, 4:], cache, 5)
+        steps = torch.cat([model(ids[:, i:i + 1], cache=stepped)[0, -1:].float()
+                           for i in range(4, 9)])
+    assert verified.shape == steps.shape == (5, config.vocab_size)
+    assert (verified - steps).abs().max() <= 1e-5 * steps.abs().max()
 
 
 def test_vdpbf16ps_is_built_only_for_a_cpu_with_avx512_bf16_unless_turned_off(monkeypatch):
@@ -333,7 +360,8 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
 
 def test_a_build_that_fails_with_vdpbf16ps_is_retried_without_it(monkeypatch):
     """An assembler or compiler that cannot build the AVX512-BF16 code must not take the other
-    kernels with it: the build runs again without the flag; a second failure is said once."""
+    kernels with it: the build runs again without the flag, and that is said (its FAILED file
+    would otherwise keep it off silently); a second failure is said once."""
     flag = cpu_kernels._DPBF16
     calls = []
 
@@ -344,9 +372,14 @@ def test_a_build_that_fails_with_vdpbf16ps_is_retried_without_it(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_flags", lambda: (["-O3", flag], []))
     monkeypatch.setattr(cpu_kernels, "_DOT_ROWS", cpu_kernels._DOT_ROWS)  # (restored after)
     monkeypatch.setattr(cpu_kernels, "_build", build)
-    assert cpu_kernels._load() is True and calls == [["-O3", flag], ["-O3"]]
+    with pytest.warns(RuntimeWarning) as said:
+        assert cpu_kernels._load() is True and calls == [["-O3", flag], ["-O3"]]
+    assert [str(w.message) for w in said] == [
+        "attnlab's AVX512-BF16 batch kernel could not be built (no AVX512-BF16 here); a step "
+        "of several bf16 sequences multiplies float32 activations, slower"]
     calls.clear()
     monkeypatch.setattr(cpu_kernels, "_build", lambda c, ld: build(c, ld, fails_without=True))
-    with pytest.warns(RuntimeWarning, match="no AVX512-BF16 here"):
+    with pytest.warns(RuntimeWarning) as said:
         assert cpu_kernels._load() is False
-    assert calls == [["-O3", flag], ["-O3"]]
+    assert calls == [["-O3", flag], ["-O3"]] and len(said) == 1
+    assert "could not be built (no AVX512-BF16 here)" in str(said[0].message)
