@@ -61,15 +61,21 @@ inline float row_dot(const T* w, const float* x, int64_t k) {
   return lane_sum((a[0] + a[1]) + (a[2] + a[3])) + tail;
 }
 
+// b[o] as a float: the bias is float32, or T where ``bias_is_t`` (nullptr: none, 0)
+template <typename T>
+inline float bias_at(const void* bias, bool bias_is_t, int64_t o) {
+  return !bias ? 0.f
+         : bias_is_t ? static_cast<float>(static_cast<const T*>(bias)[o])
+                     : static_cast<const float*>(bias)[o];
+}
+
 // y = x · Wᵀ + b, x float32, y float32 or T (each sum rounded once), the bias float32 or T
 template <typename T, typename Y>
 void product(const float* x, const T* w, const void* bias, bool bias_is_t, Y* y, int64_t m,
              int64_t n, int64_t k) {
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
     for (int64_t o = n0; o < n1; ++o) {
-      const float b = !bias ? 0.f
-                      : bias_is_t ? static_cast<float>(static_cast<const T*>(bias)[o])
-                                  : static_cast<const float*>(bias)[o];
+      const float b = bias_at<T>(bias, bias_is_t, o);
       for (int64_t r = 0; r < m; ++r) y[r * n + o] = Y(row_dot(w + o * k, x + r * k, k) + b);
     }
   });
@@ -115,9 +121,7 @@ ATTNLAB_BF16_TARGET void bf16_product(const uint16_t* x, const uint16_t* w, cons
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
     float sums[4];
     for (int64_t o = n0; o < n1; ++o) {
-      const float b = !bias ? 0.f
-                      : bias_is_t ? static_cast<float>(static_cast<const c10::BFloat16*>(bias)[o])
-                                  : static_cast<const float*>(bias)[o];
+      const float b = bias_at<c10::BFloat16>(bias, bias_is_t, o);
       for (int64_t r = 0; r < m; r += 4) {
         const int64_t rows = std::min<int64_t>(4, m - r);
         const uint16_t* xr = x + r * k;

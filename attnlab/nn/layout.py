@@ -49,10 +49,12 @@ class KernelLinear(nn.Linear):
         w = self.weight
         if self._kernel_applies(x):
             rows = x.reshape(-1, w.shape[1]).contiguous()
-            dot = cpu_kernels.bf16_dot_rows() if w.dtype == torch.bfloat16 else None
             # one token of each of 4+ sequences, (batch, 1, in): vdpbf16ps; the tokens of one
-            # sequence (a prompt, a verification, any 2-D x) stay on float32 x
-            batch = dot is not None and rows.shape[0] >= dot and x.dim() >= 3 and x.shape[-2] == 1
+            # sequence (a prompt, a verification, any 2-D x) stay on float32 x (the shape is
+            # asked first: a one-sequence step never asks the kernels)
+            batch = (w.dtype == torch.bfloat16 and x.dim() >= 3 and x.shape[-2] == 1
+                     and rows.shape[0] >= cpu_kernels.BF16_DOT_ROWS
+                     and cpu_kernels.bf16_dot_rows() is not None)
             product = (torch.ops.attnlab.bf16_batch_matmul if batch
                        else torch.ops.attnlab.float_matmul)
             return product(rows, w, self.bias).view(*x.shape[:-1], w.shape[0])
