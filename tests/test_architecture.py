@@ -20,9 +20,10 @@ LAYERS = [
     {"hardware", "config", "presets", "params"},
     {"nn", "tokenizers"},
     {"models"},
-    {"interop", "storage", "build", "compression"},
+    {"interop", "storage", "build", "compression", "cpu"},
     {"data", "generation", "encoding", "viz", "explain", "training", "metrics", "fewshot",
      "serving", "tagging", "qa"},
+    {"tasks"},
     {"demo"},
     {"cli"},
 ]
