@@ -22,7 +22,7 @@ from attnlab import from_pretrained, hardware
 
 def reference_model(kind: str):
     if kind == "minilm":
-        from attnlab.encoding import minilm_path
+        from attnlab.storage import minilm_path
 
         path = minilm_path()
         return transformers.BertModel.from_pretrained(path), str(path)

@@ -77,8 +77,8 @@ def lm_worker(model: str, precision: str, texts: list[str], block: int, stride: 
     import torch
 
     from attnlab import hardware
+    from attnlab.cpu import for_decoding
     from attnlab.generation import generate
-    from attnlab.generation.decoder_only import for_decoding
     from attnlab.generation.likelihood import rolling_nll
     from attnlab.storage import load
 
@@ -145,8 +145,9 @@ def clf_worker(model: str, data: str, precision: str, batch: int, hf: bool = Fal
     import torch
 
     from attnlab import hardware
-    from attnlab.data.classify import encode_examples, fixed_batches, read_labelled, split_by_hash
+    from attnlab.data.labelled import fixed_batches
     from attnlab.storage import load
+    from attnlab.tasks.classify import encode_examples, read_labelled, split_by_hash
 
     loaded = load(model)
     labels = loaded.config.extra["labels"]

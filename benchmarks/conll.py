@@ -4,10 +4,10 @@ side from all-MiniLM-L6-v2 (uncased) on the same batches (benchmarks/side_by_sid
 Both start from the same weights: attnlab's model (``train ner``'s: the encoder from MiniLM,
 a new ``tokens`` head at N(0, 0.02)) is saved as a transformers folder and loaded back by
 transformers. Batches are attnlab's training rows (each word labelled at its first subword,
--100 elsewhere; :mod:`attnlab.tagging`), drawn by the same seeded stream ``train ner`` uses.
+-100 elsewhere; :mod:`attnlab.tasks.ner`), drawn by the same seeded stream ``train ner`` uses.
 After training, both tag the test file word by word through the same code
 (``predict_tags``) and are scored at the entity level (seqeval's default mode; checked equal
-to seqeval in tests/test_tagging.py). ``--lora R`` trains LoRA adapters (and the head) on
+to seqeval in tests/tasks/test_ner.py). ``--lora R`` trains LoRA adapters (and the head) on
 both sides instead (peft on transformers' side).
 
     .venv/bin/python benchmarks/conll.py [--minutes 30] [--epochs 3] [--lr 1e-4]
@@ -25,12 +25,10 @@ import torch
 import transformers
 
 from attnlab import load, save_pretrained
-from attnlab.data.classify import ClassifyBatches
-from attnlab.data.conll import encode_sentences, read_conll, tag_set
-from attnlab.metrics import entity_scores
-from attnlab.tagging import predict_tags
-from attnlab.training.encoders import from_encoder
-from attnlab.training.tasks import Tag
+from attnlab.data.labelled import LabelledBatches
+from attnlab.tasks.ner import encode_sentences, entity_scores, predict_tags, read_conll, tag_set
+from attnlab.tasks.pretrained import from_encoder
+from attnlab.training.objectives import Tag
 
 sys.path.insert(0, str(Path(__file__).parent))
 from side_by_side import arguments, describe, train_pair  # noqa: E402
@@ -101,7 +99,7 @@ def main() -> None:
         runs["transformers"] = (theirs, lambda m, b: torch.nn.functional.cross_entropy(
             m(b.ids, b.token_type_ids, b.attention_mask).flatten(0, 1), b.labels.flatten(),
             ignore_index=-100))
-    stream = iter(ClassifyBatches(rows, args.batch, tok.pad_id, seed=0))
+    stream = iter(LabelledBatches(rows, args.batch, tok.pad_id, seed=0))
     done = train_pair(runs, stream, steps, args.lr, steps // 10, args.minutes * 60)
     print(f"trained {done['steps']} steps ({done['steps'] / per_epoch:.2f} epochs)")
     gold = [list(s.tags) for s in parts["test"]]

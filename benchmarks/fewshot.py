@@ -50,7 +50,7 @@ def _line(context: str, choices: list[str], answer: int, instruction: str | None
 
 def entity_questions(path: Path, per_type: int, seed: int) -> list[str]:
     """``per_type`` questions for each CoNLL entity type, drawn with ``seed``."""
-    from attnlab.data.conll import entities, read_conll
+    from attnlab.tasks.ner import entities, read_conll
 
     by_type: dict[str, list[str]] = {kind: [] for kind in TYPES}
     for sentence in read_conll(path):

@@ -82,7 +82,7 @@ def main() -> None:
         runs["attnlab float_matmul, float32 x (widened)"] = one_pass(
             lambda x, w: ours(x, w, None), weights, xs)
         runs["PyTorch linear, bf16 x"] = one_pass(F.linear, weights, half)
-        from attnlab.nn import cpu_kernels
+        from attnlab.cpu import kernels as cpu_kernels
 
         if cpu_kernels.bf16_dot_rows() is not None:
             batch = torch.ops.attnlab.bf16_batch_matmul

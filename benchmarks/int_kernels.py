@@ -56,7 +56,7 @@ def best(fn, seconds: float = 0.2) -> float:
 
 def machine_line(threads: int) -> str:
     """The kernels built (or exit), and the line that says where the figures come from."""
-    from attnlab.nn import cpu_kernels
+    from attnlab.cpu import kernels as cpu_kernels
 
     if not cpu_kernels.available():
         raise SystemExit("attnlab's CPU kernels could not be built here")

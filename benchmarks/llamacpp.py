@@ -51,8 +51,9 @@ def attnlab_worker(path: str, kind: str, threads: int, new: int, prefill: int,
     import torch
 
     import attnlab
+    from attnlab.cpu import for_decoding
     from attnlab.generation.compiled import CompiledStep
-    from attnlab.generation.decoder_only import for_decoding, generate
+    from attnlab.generation.decode import generate
     from attnlab.hardware import DTYPES
     from attnlab.nn.quantized import float_dtype
 

@@ -41,8 +41,8 @@ from attnlab.config import ModelConfig
 from attnlab.data.stream import LMBatch
 from attnlab.params import parallel_memory
 from attnlab.training import parallel
+from attnlab.training.objectives import CausalLM
 from attnlab.training.pipeline import Pipeline
-from attnlab.training.tasks import CausalLM
 
 FULL = dict(model=dict(n_decoder_layers=12, d_model=256, n_heads=4, d_ff=1024),
             ckpt_batch=(8, 256), mem_batch=(4, 128), pipe_batch=(8, 128), micro=(1, 2, 4, 8))

@@ -55,8 +55,9 @@ def main() -> None:
 
     import attnlab
     from attnlab import hardware
+    from attnlab.cpu import for_decoding
     from attnlab.generation.compiled import CompiledStep, StaticDecoding, capacity_for
-    from attnlab.generation.decoder_only import for_decoding, generate
+    from attnlab.generation.decode import generate
     from attnlab.storage import smollm2_path
 
     sys.path.insert(0, str(Path(__file__).parent))

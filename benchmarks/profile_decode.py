@@ -79,8 +79,8 @@ def main() -> None:
     torch._inductor.config.cpp.enable_kernel_profile = True  # name each C++ kernel
 
     import attnlab
+    from attnlab.cpu import for_decoding
     from attnlab.generation.compiled import CompiledStep, StaticDecoding, capacity_for
-    from attnlab.generation.decoder_only import for_decoding
     from attnlab.nn.quantized import float_dtype
     from attnlab.storage import smollm2_path
 

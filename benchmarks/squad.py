@@ -4,10 +4,10 @@ from all-MiniLM-L6-v2 on the same batches (benchmarks/side_by_side.py).
 The development set's articles 0-37 train and 38-47 evaluate (../shared/data/squad/README:
 the training set is not available here). Both start from the same weights (attnlab's ``qa``
 model saved as a transformers folder and loaded back) and see attnlab's windows
-(:mod:`attnlab.qa`, checked equal to transformers' overflowing windows in tests/test_qa.py)
-in the same order. After training, both answer every held-out question through the same
-code (``answer_many``: the best span over all windows, at most 30 tokens) and are scored
-with SQuAD's exact match and F1.
+(:mod:`attnlab.tasks.qa`, checked equal to transformers' overflowing windows in
+tests/tasks/test_qa.py) in the same order. After training, both answer every held-out
+question through the same code (``answer_many``: the best span over all windows, at most 30
+tokens) and are scored with SQuAD's exact match and F1.
 
     .venv/bin/python benchmarks/squad.py [--minutes 30] [--epochs 2] [--max-len 384]
 """
@@ -23,11 +23,10 @@ import torch
 import transformers
 
 from attnlab import load, save_pretrained
-from attnlab.data.squad import SpanBatches, read_squad, training_rows
-from attnlab.metrics import squad_scores
-from attnlab.qa import answer_many
-from attnlab.training.encoders import from_encoder
-from attnlab.training.tasks import Span
+from attnlab.tasks.pretrained import from_encoder
+from attnlab.tasks.qa.data import SpanBatches, read_squad, training_rows
+from attnlab.tasks.qa.predict import answer_many, squad_scores
+from attnlab.training.objectives import Span
 
 sys.path.insert(0, str(Path(__file__).parent))
 from side_by_side import arguments, describe, train_pair  # noqa: E402

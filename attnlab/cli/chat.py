@@ -88,8 +88,10 @@ class Conversation:
 def cmd_chat(args: argparse.Namespace) -> None:
     import torch
 
+    from attnlab.cpu import for_decoding
     from attnlab.generation.chat import chat_template_for, stop_token_ids
-    from attnlab.generation.decoder_only import StopStream, for_decoding, generate
+    from attnlab.generation.decode import generate
+    from attnlab.generation.streams import StopStream
     from attnlab.storage import load
 
     started = time.perf_counter()

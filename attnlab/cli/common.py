@@ -272,18 +272,6 @@ def texts(args: argparse.Namespace, skip_blank: bool = False, required: bool = T
     return found
 
 
-def read_text_file(path: str) -> str:
-    """A whole UTF-8 text file; a missing, unreadable or non-UTF-8 one is one line."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: a directory, not a text file") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
-
-
 def warn_unknown(tokenizer, texts: list[str], what: str) -> None:
     """One warning naming the symbols of ``texts`` that ``tokenizer`` reads as ``<unk>``."""
     if not hasattr(tokenizer, "unknown"):  # byte-level BPE knows every byte
@@ -301,7 +289,7 @@ def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int, compile: 
                       "context, each step sees the last context tokens (as nanoGPT crops)"
                       ) -> None:
     """The options of a command that decodes with
-    :func:`attnlab.generation.decoder_only.generate`: length, sampling, seed and ``--int4``."""
+    :func:`attnlab.generation.decode.generate`: length, sampling, seed and ``--int4``."""
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=length_help)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int)
@@ -326,7 +314,7 @@ def add_kv_cache_arg(p: argparse.ArgumentParser) -> None:
 
 def add_integer_args(p: argparse.ArgumentParser) -> None:
     """``--int4`` / ``--int8``: integer weight matrices on attnlab's CPU kernels
-    (nn/cpu_kernels.py), PyTorch's where those cannot be built."""
+    (attnlab/cpu/), PyTorch's where those cannot be built."""
     p.add_argument("--int4", action="store_true",
                    help="4-bit weights (a GGUF keeps its own Q4_1 codes), an int8 output layer")
     p.add_argument("--int8", action="store_true",
@@ -374,7 +362,7 @@ def decoding_runtime(args: argparse.Namespace) -> tuple[torch.device, str, str]:
     device, precision = runtime(args)
     if bits:
         return device, precision, integer_label(bits) + kv_cache_label(args)
-    from attnlab.nn import cpu_kernels
+    from attnlab.cpu import kernels as cpu_kernels
 
     label = precision
     if device.type == "cpu" and precision != "fp32" and cpu_kernels.available():
@@ -392,7 +380,7 @@ def integer_label(bits: int) -> str:
     """What ``announce`` says of an integer model: its weights, the dtype of its float
     matrices (bfloat16 where the CPU runs it natively, else float32) and, on attnlab's CPU
     kernels, float32 activations (``for_decoding``)."""
-    from attnlab.nn import cpu_kernels
+    from attnlab.cpu import kernels as cpu_kernels
     from attnlab.nn.quantized import float_dtype
 
     label = f"int{bits} weights, {str(float_dtype()).removeprefix('torch.')} float matrices"
@@ -402,7 +390,7 @@ def integer_label(bits: int) -> str:
 def check_decoding_args(args: argparse.Namespace, ids: torch.Tensor) -> None:
     """``check_decoding`` on the options of :func:`add_decoding_args`, its error naming the
     flag rather than the keyword argument."""
-    from attnlab.generation.decoder_only import check_decoding
+    from attnlab.generation.sampling import check_decoding
 
     try:
         check_decoding(ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,

@@ -29,7 +29,9 @@ from attnlab.cli.common import (
 def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab.generation.decoder_only import StopStream, for_decoding, generate
+    from attnlab.cpu import for_decoding
+    from attnlab.generation.decode import generate
+    from attnlab.generation.streams import StopStream
     from attnlab.storage import load
 
     started = time.perf_counter()
@@ -147,7 +149,7 @@ def _check_drafting(args: argparse.Namespace) -> bool:
 def _load_draft(args: argparse.Namespace, device, precision: str, tok) -> tuple[object, str]:
     """The ``--draft`` model, prepared as the model is (``--draft-int4``: 4-bit), and what to
     call it; one line if its tokenizer's token table is not the model's."""
-    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.cpu import for_decoding
     from attnlab.storage import load
 
     loaded = load(args.draft, int4=args.draft_int4).expect("decoder", "generate --draft")

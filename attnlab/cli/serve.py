@@ -96,7 +96,7 @@ def build_service(args: argparse.Namespace):
     common = dict(name=name, tokenizer=loaded.tokenizer, token_limit=args.max_tokens,
                   request_timeout=args.request_timeout, timing=timing_line)
     if loaded.kind == "decoder":
-        from attnlab.generation.decoder_only import for_decoding
+        from attnlab.cpu import for_decoding
         from attnlab.serving.engine import Engine
 
         model = for_decoding(loaded.model, device, precision, args.int4 or args.int8,
@@ -125,8 +125,8 @@ def build_service(args: argparse.Namespace):
         return Service(context=context, engine=engine,
                        template=template, **common)
     if loaded.kind == "encoder":
-        from attnlab.encoding import SentenceEncoder
         from attnlab.hardware import DTYPES
+        from attnlab.sentence_encoder import SentenceEncoder
 
         for flag, value in (("--chat-template", args.chat_template),
                             ("--kv-cache", args.kv_cache)):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from torch import nn
 
+from attnlab.cpu.integer import integer_kernels_
 from attnlab.errors import BadInput
 from attnlab.nn.quantized import BITS, quantize
 
@@ -36,6 +37,7 @@ def quantize_model(model: nn.Module, bits: int, group_size: int = 32,
     of ``quantization.json``."""
     check(bits, group_size, activations)
     modules = quantize(model, bits, group_size, activations)
+    integer_kernels_(model)  # the few-row products on attnlab's CPU kernels
     return {"format": FORMAT, "bits": bits, "group_size": group_size,
             "activations": activations, "modules": modules}
 
@@ -136,6 +138,7 @@ def apply_spec(model: nn.Module, spec: dict, where: str | Path) -> nn.Module:
         missed = sorted(set(spec["modules"]) - set(done))
         raise BadInput(f"{where}: layer {missed[0]!r} cannot hold {spec['bits']}-bit codes in "
                        f"groups of {spec['group_size']}")
+    integer_kernels_(model)
     return model
 
 

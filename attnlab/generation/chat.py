@@ -412,7 +412,7 @@ def _tokenizer_config(path: Path) -> dict | None:
     file = Path(path) / "tokenizer_config.json"
     if not file.is_file():
         return None
-    from attnlab.config import read_json
+    from attnlab.files import read_json
 
     return read_json(file, "tokenizer config")
 

@@ -14,7 +14,7 @@ pass into a few fused kernels, but only if every token has the same shapes:
 The step's inputs keep their shapes from token to token: the cache's storage (``capacity``
 slots), the key mask ``(batch, capacity)`` — True at the slots that hold a real token, the new
 one included — and the slot to write (a tensor inside the cache). Each row's position is the
-count of its real tokens minus one, as :func:`~attnlab.generation.decoder_only.generate`
+count of its real tokens minus one, as :func:`~attnlab.generation.decode.generate`
 counts positions under left padding, so the step computes what the eager step computes; a
 sliding window (Mistral) becomes a band over those counts.
 
@@ -23,13 +23,13 @@ for the whole batch (target sequences are never left-padded): the slot is the po
 self-attention sees slots ≤ it, and the cross-attention reads the keys and values of the
 encoder output that the first, eager step computed.
 :class:`DecoderSteps` drives either path for
-:func:`~attnlab.generation.translation.greedy_decode` and
+:func:`~attnlab.generation.seq2seq.greedy_decode` and
 :func:`~attnlab.generation.beam.beam_search`; beam search reorders the static cache's rows in
 place.
 
 A capacity bucket keeps the number of compiled graphs small (one per batch size and bucket; the
 encoder–decoder's also per source length, which ``translate`` pads to a multiple of
-:data:`~attnlab.generation.translation.SOURCE_BUCKET`); inductor's caches persist on disk
+:data:`~attnlab.generation.seq2seq.SOURCE_BUCKET`); inductor's caches persist on disk
 between runs, while Dynamo traces the step again in each process (the compile time the CLI
 reports). Each call checks Dynamo's guards, some 2,500 over the model's modules, weights and
 the cache (1.1 ms of a 12 ms bf16 SmolLM2 token on a CPU): a request's first step checks them
@@ -47,7 +47,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn import cpu_kernels
+from attnlab.cpu import kernels as cpu_kernels
 from attnlab.nn.cache import DecoderCache, StaticCache, StaticDecoderCache
 
 BUCKET = 256  # capacities are multiples of this (or the model's context, when smaller)
@@ -172,7 +172,7 @@ class CompiledStep:
         ``guard_misses`` counts such steps."""
         shape = _signature(model, args)
         new = shape not in self._shapes
-        if new:  # a compile's time includes importing Dynamo and inductor (0.8 s, the first)
+        if new:  # a compile's time includes importing Dynamo and inductor (the first)
             begun = time.perf_counter()
             # Each shape is a graph of its own (a server's row counts times capacity buckets):
             # more than Dynamo's default of 8 a function. Its settings are per thread, and the
@@ -237,7 +237,7 @@ def _may_skip_guards() -> bool:
 
 
 class StaticDecoding:
-    """The static-cache side of :func:`~attnlab.generation.decoder_only.generate`: made from
+    """The static-cache side of :func:`~attnlab.generation.decode.generate`: made from
     the growing cache the prompt filled, then one compiled step a token."""
 
     def __init__(self, step: CompiledStep, cache, attention_mask: Tensor | None, length: int,

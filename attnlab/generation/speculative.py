@@ -13,7 +13,7 @@ guesses K tokens, and the model (the *target*) scores them all in one forward:
     roll back       both KV caches to the tokens kept (``KVCache.truncate``)
 
 Every token kept is the target's argmax after exactly the tokens before it, so the output is
-greedy :func:`~attnlab.generation.decoder_only.generate`'s, token for token, up to float
+greedy :func:`~attnlab.generation.decode.generate`'s, token for token, up to float
 rounding (see below); a step yields between 1 and K + 1 tokens for one target forward.
 
 Two proposers:
@@ -42,8 +42,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnlab.cpu.attention import attention_kernel_
 from attnlab.errors import BadInput
-from attnlab.generation.decoder_only import check_decoding
+from attnlab.generation.sampling import check_decoding
 
 
 @dataclass
@@ -162,6 +163,7 @@ def _speculate(target: nn.Module, proposer, ids: Tensor, max_new_tokens: int,
                draft_tokens: int, eos_id: int | None, on_token) -> Speculation:
     """The loop of the module docstring, for a proposer with ``propose(out, length, k)`` and
     ``keep(length)``."""
+    attention_kernel_(target).eval()  # one-query steps on the CPU kernel, as in generate
     prompt_len = ids.shape[1]
     total = prompt_len + max_new_tokens
     out = ids.new_empty(1, total)  # filled in place, as in generate
@@ -218,10 +220,9 @@ def speculative_generate(target: nn.Module, draft: nn.Module, ids: Tensor,
     ``ids (1, prompt_len)``; the result's ``ids (1, prompt_len + new)`` stop after ``eos_id``
     or at ``max_new_tokens``. ``on_token(new)`` is called with the ``(1, n_new)`` tokens so
     far after each target forward (one or more new tokens); returning True stops. Both models
-    as :func:`~attnlab.generation.decoder_only.for_decoding` prepares them, on one device."""
+    as :func:`attnlab.cpu.for_decoding` prepares them, on one device."""
     _check(target, ids, max_new_tokens, draft_tokens, draft)
-    target.eval()
-    draft.eval()
+    attention_kernel_(draft).eval()
     proposer = _DraftModel(draft, ids.shape[1] + max_new_tokens, eos_id)
     return _speculate(target, proposer, ids, max_new_tokens, draft_tokens, eos_id, on_token)
 
@@ -234,7 +235,6 @@ def prompt_lookup_generate(target: nn.Module, ids: Tensor, max_new_tokens: int,
     tokens earlier in the prompt or the output. Arguments and result as
     :func:`speculative_generate`."""
     _check(target, ids, max_new_tokens, draft_tokens)
-    target.eval()
     proposer = _PromptLookup(max_ngram)
     return _speculate(target, proposer, ids, max_new_tokens, draft_tokens, eos_id, on_token)
 

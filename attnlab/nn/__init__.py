@@ -13,7 +13,6 @@ from attnlab.nn.cache import (
 )
 from attnlab.nn.embeddings import TokenEmbedding
 from attnlab.nn.feedforward import FeedForward
-from attnlab.nn.layout import decoding_layout_
 from attnlab.nn.masks import (
     causal_mask,
     combine_masks,
@@ -50,5 +49,4 @@ __all__ = [
     "LayerNorm", "RMSNorm", "Residual", "build_norm", "FeedForward", "TokenEmbedding",
     "PatchEmbedding",
     "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "DecoderOnly",
-    "decoding_layout_",
 ]

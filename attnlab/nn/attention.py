@@ -17,12 +17,10 @@ Two paths, one result:
 * the *explicit* path writes the equation out and can return the attention weights
   (for teaching, inspection and plots);
 * the *fused* path calls :func:`torch.nn.functional.scaled_dot_product_attention`, which picks a
-  flash / memory-efficient kernel where it can (for speed);
-* one query a row on the CPU (a decoding step; float32, bfloat16 or float16) calls attnlab's
-  own kernel (:mod:`attnlab.nn.cpu_kernels`), which reads the cache's slots only up to the
-  last one the mask allows: a static cache's empty tail costs nothing. (PyTorch's fused CPU
-  kernel read all 512 slots of a bf16 static cache: 234 µs a layer for SmolLM2 on a Zen 4
-  EPYC, a third of an int4 token.)
+  flash / memory-efficient kernel where it can (for speed).
+
+(Decoding on a CPU swaps in a third, one query a row over a cache, from beside the model:
+:mod:`attnlab.cpu.attention`.)
 
 A query row whose every key is masked has nothing to attend to. Softmax over an empty set is
 undefined (0/0 = NaN in floating point); we define its output, and its weights, to be zeros.
@@ -36,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.nn import cpu_kernels
 from attnlab.nn.masks import causal_mask, combine_masks
 
 
@@ -83,9 +80,6 @@ def scaled_dot_product_attention(
         scale = 1.0 / math.sqrt(q.shape[-1])
     if need_weights:
         return _explicit(q, k.to(q.dtype), v.to(q.dtype), mask, bias, dropout_p, scale)
-    if _decoding_kernel_applies(q, k, v, mask, bias, dropout_p, is_causal):
-        rows = None if mask is None else mask.reshape(-1, k_len).contiguous()
-        return torch.ops.attnlab.decode_attention(q, k, v, rows, scale)
     if k.dtype != q.dtype:  # a 16-bit KV cache under float32 queries: widened for the rest
         k, v = k.to(q.dtype), v.to(q.dtype)
     if _composed_is_faster(q, k_len):
@@ -95,36 +89,10 @@ def scaled_dot_product_attention(
     return _fused(q, k, v, mask, bias, dropout_p, is_causal, scale)
 
 
-# benchmarks/attention.py on a 2-core Sapphire Rapids CPU (torch 2.13, fwd + bwd, causal, bf16):
-# (batch, heads, len, d_k) = (64, 4, 64, 32): flash kernel 20.6 ms, composed matmuls 4.8 ms;
-# (4, 12, 512, 64): 69.1 vs 50.3 ms; (4, 12, 1024, 64): 153.7 vs 454.6 ms. In float32 the
-# flash kernel wins at every size. So on CPU, in reduced precision and up to 512×512 scores,
-# the fast path composes the same equation from matmuls (docs/benchmarks.md).
+# On a CPU in reduced precision, PyTorch's flash kernel lost to the same equation composed from
+# matmuls up to about 512×512 scores, and won beyond (in float32 it won at every size): so
+# there the fast path composes it (benchmarks/attention.py; docs/benchmarks.md).
 _COMPOSED_MAX_SCORES = 512 * 512
-
-
-def _decoding_kernel_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                             bias: Tensor | None, dropout_p: float, is_causal: bool) -> bool:
-    """One query a row on the CPU, float32, bfloat16 or float16 (k and v of one dtype, q of that
-    or float32: the kernel's sums are float32), no bias, dropout or gradient, ``(batch, heads,
-    len, d)`` tensors (grouped queries), and a mask (if any) that is one row of slots per batch
-    row or one for all: ``(batch or 1, 1, 1, k_len)``, or fewer leading dimensions of size 1."""
-    if (q.shape[-2] != 1 or q.device.type != "cpu" or bias is not None or dropout_p > 0
-            or is_causal or not cpu_kernels.available()):
-        return False
-    if k.dtype not in cpu_kernels.FLOAT_DTYPES or q.dtype not in (k.dtype, torch.float32) or any(
-            t.dim() != 4 or t.stride(-1) != 1 for t in (q, k, v)) or v.dtype != k.dtype:
-        return False
-    if (k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3] or k.shape[-1] != q.shape[-1]
-            or q.shape[1] % k.shape[1]):
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return False
-    if mask is None:
-        return True
-    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
-    return (mask.dtype == torch.bool and mask.dim() <= 4 and shape[1:] == (1, 1, k.shape[-2])
-            and shape[0] in (1, q.shape[0]))
 
 
 def _composed_is_faster(q: Tensor, k_len: int) -> bool:

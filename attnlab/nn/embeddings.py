@@ -22,7 +22,7 @@ from attnlab.errors import BadInput
 class TokenEmbedding(nn.Module):
     """``E[ids] · scale`` with ``scale = √d_model`` when ``scale_by_sqrt_d`` is set, else 1.
     ``out_dtype``: the rows widened to it (a 16-bit table feeding float32 activations, as
-    :func:`~attnlab.generation.decoder_only.float32_activations_` sets); None: ``E``'s own."""
+    :func:`~attnlab.cpu.prepare.float32_activations_` sets); None: ``E``'s own."""
 
     out_dtype: torch.dtype | None = None
 

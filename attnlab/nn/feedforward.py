@@ -51,7 +51,7 @@ class FeedForward(nn.Module):
 
     def fuse_gate_(self, w13: nn.Module) -> None:
         """A gated FFN's ``w1`` and ``w3`` replaced by ``w13``, which computes ``[x·W₁ | x·W₃]``
-        in one product (decoding: :func:`attnlab.nn.layout.fuse_projections_`)."""
+        in one product (decoding: :func:`attnlab.cpu.linear.fuse_projections_`)."""
         if self.w3 is None:
             raise BadInput("only a gated feed-forward (swiglu, geglu) has w1 and w3 to fuse")
         self.w1 = self.w3 = None

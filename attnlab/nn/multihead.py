@@ -95,7 +95,7 @@ class MultiHeadAttention(nn.Module):
 
     def fuse_qkv_(self, qkv: nn.Module) -> None:
         """The inverse of :meth:`unfuse_qkv_`: ``qkv`` computes ``[Q | K | V]`` (for example
-        :func:`attnlab.nn.layout.stack_rows` of the three), in place of the three
+        :func:`attnlab.cpu.linear.stack_rows` of the three), in place of the three
         projections, so that self-attention runs one product."""
         if self.fused_qkv:
             return
@@ -125,6 +125,12 @@ class MultiHeadAttention(nn.Module):
         kv = F.linear(src, w[self.q_dim :], None if b is None else b[self.q_dim :])
         k, v = kv.split([self.kv_dim, self.kv_dim], dim=-1)
         return q, k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor | tuple[Tensor, Tensor]:
+        """Attention(Q, K, V) of the heads: :func:`scaled_dot_product_attention` (a decoding
+        engine may compute the same equation its own way from beside the model:
+        :class:`attnlab.cpu.attention.DecodeAttention`)."""
+        return scaled_dot_product_attention(q, k, v, **kwargs)
 
     def forward(
         self,
@@ -181,7 +187,7 @@ class MultiHeadAttention(nn.Module):
             bias = positional.attention_bias(positions, k.shape[2])  # used alone, not in a stack
         if bias is not None and bias.shape[1] > 1 and bias.shape[1] != self.n_heads:
             bias = bias[:, self.original_heads]  # pruned: the bias rows of the heads left
-        result = scaled_dot_product_attention(
+        result = self.attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal, need_weights=need_weights,
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
         )

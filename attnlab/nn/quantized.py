@@ -8,9 +8,9 @@ dequantised ``Ŵ`` never materialised:
 
       Ŵ[o, i] = s[o] · q[o, i],   q ∈ {−127, …, 127},   s[o] = max_i |W[o, i]| / 127
 
-  so ``|W − Ŵ| ≤ s[o] / 2``. For a few rows (decoding) attnlab's own kernel
-  (:mod:`attnlab.nn.cpu_kernels`, float32 activations; PyTorch's ``_weight_int8pack_mm`` in
-  bfloat16 where it cannot be built), a GEMM on ``Ŵ`` in :func:`float_dtype` for many; or,
+  so ``|W − Ŵ| ≤ s[o] / 2``. For a few rows (decoding) PyTorch's ``_weight_int8pack_mm`` in
+  bfloat16 (attnlab's own kernel, float32 activations, where :mod:`attnlab.cpu` is applied),
+  a GEMM on ``Ŵ`` in :func:`float_dtype` for many; or,
   with ``activations="dynamic"``, in
   float32 through the quantised-engine GEMM
   ``quantized::linear_dynamic`` (fbgemm or oneDNN on x86, QNNPACK on ARM): each call
@@ -25,11 +25,11 @@ dequantised ``Ŵ`` never materialised:
 
   with ``s = (max − min) / (2^bits − 1)`` and ``z = min + 8·s`` (the value of code 8) per
   group, both kept in bfloat16, so ``|W − Ŵ| ≤ s / 2`` plus their bf16 rounding,
-  ``2⁻⁸ · (|z| + 8·s)``. For a few rows attnlab's own kernel unpacks the codes on the fly
-  against ``x`` rounded to 16 bits per 32 inputs (:mod:`attnlab.nn.cpu_kernels` states the
+  ``2⁻⁸ · (|z| + 8·s)``. For a few rows PyTorch's int4 kernel with bfloat16 activations;
+  where :mod:`attnlab.cpu` is applied, attnlab's own kernel unpacks the codes on the fly
+  against ``x`` rounded to 16 bits per 32 inputs (:mod:`attnlab.cpu.kernels` states the
   bound), reading ``s`` and ``b = z − 8s`` in float16 (``b`` rounded once more, by at most
-  ``2⁻¹¹ · |b|``; a scale below float16's normal range, 6·10⁻⁵, keeps fewer bits); where it
-  cannot be built, PyTorch's int4 kernel with bfloat16 activations. Many rows
+  ``2⁻¹¹ · |b|``; a scale below float16's normal range, 6·10⁻⁵, keeps fewer bits). Many rows
   (a prompt) run a GEMM on ``Ŵ`` in :func:`float_dtype`. 2-bit codes are stored at 2 bits on
   disk and run through the 4-bit kernel (4 bits in memory), the same speed as int4.
 
@@ -47,7 +47,6 @@ from torch import Tensor, nn
 
 from attnlab import hardware
 from attnlab.errors import BadInput
-from attnlab.nn import cpu_kernels
 
 _COMPUTE = torch.bfloat16  # the kernels' activations (and the int4 kernel's scales and zeros)
 # Up to this many rows (tokens) the integer kernels run, reading the codes once for all rows;
@@ -59,9 +58,8 @@ BITS = (8, 4, 2)
 def float_dtype() -> torch.dtype:
     """The dtype of everything around the integer kernels (embeddings, norms, attention, a
     float output layer) and of int8's many-row GEMM: bfloat16 where the CPU runs it natively,
-    float32 where bf16 is emulated. Measured on an AVX2-only EPYC with SmolLM2-135M in int4:
-    a 512-token forward 9.3 s with bf16 around the kernels, 2.0 s with float32 (fp32 alone
-    1.1 s); one decoded token 42.6 ms against 46.5 ms (PyTorch's kernels, in bf16, then)."""
+    float32 where bf16 is emulated (emulated bf16 around the kernels made a prompt several
+    times slower; docs/benchmarks.md)."""
     return _COMPUTE if hardware.cpu_bf16().native else torch.float32
 
 
@@ -106,7 +104,6 @@ class Int8Linear(_FixedDtypes):
             raise BadInput(f"activations must be 'float' or 'dynamic', got {activations!r}")
         self.in_features, self.out_features = in_features, out_features
         self.activations = activations
-        cpu_kernels.available()  # built (or found wanting) now, not inside a compiled graph
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8,
                                                     device=device))
         self.register_buffer("scales", torch.ones(out_features, device=device))
@@ -161,19 +158,21 @@ class Int8Linear(_FixedDtypes):
             y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self._prepacked(),
                                                    self.reduce_range)
         else:
-            few = x.shape[0] <= _KERNEL_ROWS
-            if few and cpu_kernels.available() and not x.requires_grad:  # decoding
-                y = torch.ops.attnlab.int8_matmul(x.float().contiguous(), self.qweight,
-                                                  self.scales[:, None], self.in_features)
-            elif few and not x.requires_grad:  # read the int8 matrix, not a float one
-                y = torch.ops.aten._weight_int8pack_mm(x.to(_COMPUTE).contiguous(),
-                                                       self.qweight, self.kernel_scales)
+            if x.shape[0] <= _KERNEL_ROWS and not x.requires_grad:  # decoding
+                y = self._few_rows(x)
             else:  # many rows, or a gradient to pass: a float GEMM on Ŵ
                 dtype = float_dtype()
                 y = x.to(dtype) @ (self.qweight.to(dtype) * self.scales.to(dtype)[:, None]).t()
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features).to(dtype)
+
+    def _few_rows(self, x: Tensor) -> Tensor:
+        """``x (rows, in) · Ŵᵀ`` for a few rows, reading the int8 matrix, not a float one:
+        PyTorch's kernel, in bfloat16 (:class:`attnlab.cpu.integer.KernelInt8Linear`: attnlab's,
+        in float32)."""
+        return torch.ops.aten._weight_int8pack_mm(x.to(_COMPUTE).contiguous(), self.qweight,
+                                                  self.kernel_scales)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -223,7 +222,6 @@ class Int4Linear(_FixedDtypes):
                            "(the packed kernel's tiles)")
         self.in_features, self.out_features = in_features, out_features
         self.group_size, self.bits = group_size, bits
-        cpu_kernels.available()  # built (or found wanting) now, not inside a compiled graph
         groups = (out_features, in_features // group_size)
         # the codes two a byte (pack_codes at 4 bits); scale s and zero z (the value of code
         # 8) per group, in bf16 as they are saved; the kernel's s and b = z − 8s in float16
@@ -291,8 +289,9 @@ class Int4Linear(_FixedDtypes):
         """The codes ``c (out, in)``, int32."""
         return unpack_codes(self.qweight, 4)
 
-    def _pytorch_matmul(self, x: Tensor) -> Tensor:
-        """PyTorch's int4 kernel (bf16 activations), where attnlab's cannot run."""
+    def _few_rows(self, x: Tensor) -> Tensor:
+        """``x (rows, in) · Ŵᵀ`` for a few rows: PyTorch's int4 kernel, bf16 activations
+        (:class:`attnlab.cpu.integer.KernelInt4Linear`: attnlab's)."""
         if self._pytorch is None:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.plain_codes(), 1)
             self._pytorch = packed, torch.stack([self.scales, self.zeros], -1).transpose(
@@ -306,11 +305,7 @@ class Int4Linear(_FixedDtypes):
         if x.shape[0] > _KERNEL_ROWS:  # a prompt: one float GEMM
             dtype = float_dtype()
             return x.to(dtype) @ self.weight.to(dtype).t()
-        if cpu_kernels.available() and self.group_size % 32 == 0:
-            return torch.ops.attnlab.int4_matmul(x.float().contiguous(), self.qweight,
-                                                 self.kernel_scales, self.kernel_offsets,
-                                                 self.group_size)
-        return self._pytorch_matmul(x)
+        return self._few_rows(x)
 
     # on disk: the codes at their own width (module docstring)
     def _save_to_state_dict(self, destination, prefix, keep_vars):

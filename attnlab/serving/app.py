@@ -8,7 +8,7 @@
 
 Completions and chats go to one :class:`~attnlab.serving.engine.Engine`, which decodes every
 request in flight in one batch. A streamed response sends each piece of text as soon as it is
-safe (:class:`~attnlab.generation.decoder_only.TextStream`) in OpenAI's server-sent chunks, then
+safe (:class:`~attnlab.generation.streams.TextStream`) in OpenAI's server-sent chunks, then
 ``data: [DONE]``. A client that goes away, a stop string and the per-request time limit end
 the request's row in the engine at its next step.
 """
@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab.errors import BadInput
 from attnlab.generation.chat import stop_token_ids
-from attnlab.generation.decoder_only import TextStream
+from attnlab.generation.streams import TextStream
 from attnlab.serving import protocol as api
 from attnlab.serving.engine import Engine
 from attnlab.serving.engine import Request as EngineRequest
@@ -43,7 +43,7 @@ MAX_INPUTS = 2048  # texts one embeddings request may send
 class Service:
     """What the application serves: the model's name (as /v1/models lists it), its tokenizer,
     and either the decoding ``engine`` (decoders; ``template`` for chat) or the ``encoder``
-    (a :class:`~attnlab.encoding.SentenceEncoder`, for embeddings)."""
+    (a :class:`~attnlab.sentence_encoder.SentenceEncoder`, for embeddings)."""
 
     name: str
     tokenizer: Any
@@ -351,7 +351,7 @@ async def _embed(service: Service, body: dict) -> JSONResponse:
                                code="context_length_exceeded")
 
     def run() -> torch.Tensor:
-        from attnlab.encoding import embed_sentences
+        from attnlab.sentence_encoder import embed_sentences
 
         with service._encode_lock, torch.inference_mode():
             return embed_sentences(enc, texts).float().cpu()

@@ -17,7 +17,7 @@ row in flight and each row stays within the model's context. Positions come from
 (each row counts its own real tokens), so a row's tokens equal those of decoding it alone, up
 to the rounding of a batched matrix product (a bf16 model's step of 4 rows or more multiplies
 activations rounded to bf16 where the kernels run AVX512-BF16,
-:func:`~attnlab.nn.cpu_kernels.bf16_dot_rows`).
+:func:`~attnlab.cpu.kernels.bf16_dot_rows`).
 
 With a compiled one-token step (``serve``'s default), the batch lives in fixed shapes instead
 (:mod:`attnlab.serving.static_batch`): the same rows, columns and masks, in storage that
@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep
-from attnlab.generation.decoder_only import filter_logits
+from attnlab.generation.sampling import next_tokens
 from attnlab.serving.static_batch import StaticBatch
 
 
@@ -86,7 +86,7 @@ class _Row:
 class Engine:
     """Decodes the requests given to :meth:`submit` together, at most ``max_batch`` at a time
     (the others wait their turn, first come first served). ``model`` is a decoder-only model
-    ready for decoding (:func:`attnlab.generation.decoder_only.for_decoding`)."""
+    ready for decoding (:func:`attnlab.cpu.for_decoding`)."""
 
     def __init__(self, model: nn.Module, max_batch: int = 8,
                  compiled: CompiledStep | None = None):
@@ -307,9 +307,8 @@ class Engine:
         for i, row in enumerate(rows):
             r = row.handle.request
             if r.temperature > 0:
-                probs = filter_logits(logits[i : i + 1] / r.temperature, r.top_k,
-                                      r.top_p).softmax(-1)
-                chosen[i] = torch.multinomial(probs, 1, generator=row.generator)[0, 0]
+                chosen[i] = next_tokens(logits[i : i + 1], r.temperature, r.top_k, r.top_p,
+                                        row.generator)[0]
         return chosen
 
     def _emit(self, rows: list[_Row], tokens: Tensor) -> list[int]:

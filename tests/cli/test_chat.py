@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import attnlab.generation.decoder_only as decoder_only
+import attnlab.generation.decode as decoder_only
 from attnlab.build import build_model
 from attnlab.config import ModelConfig
-from attnlab.generation.decoder_only import generate  # (chat's own is recorded in the tests)
+from attnlab.generation.decode import generate  # (chat's own is recorded in the tests)
 from attnlab.storage import save_model_dir
 from attnlab.tokenizers.bpe import BPETokenizer
 from tests.cli.helpers import RUNNING, assert_bad_input, cli
@@ -83,8 +83,8 @@ def expected(folder: Path, template: Path, messages: list[dict], stops=None):
     """``(prompt ids, reply)``: the messages rendered and encoded, greedy ``generate`` on them,
     its new tokens up to eos, decoded, up to the first stop string."""
     from attnlab import load
+    from attnlab.cpu import for_decoding
     from attnlab.generation.chat import chat_template_for
-    from attnlab.generation.decoder_only import for_decoding
 
     loaded = load(folder)
     tok, ct = loaded.tokenizer, chat_template_for(loaded, template)
@@ -253,7 +253,7 @@ def test_the_oldest_turns_go_when_the_context_is_full(capsys, monkeypatch, model
 
 
 def test_stop_stream_holds_back_what_may_become_a_stop_string():
-    from attnlab.generation.decoder_only import StopStream
+    from attnlab.generation.streams import StopStream
 
     tok, out = tokenizer(), io.StringIO()
     stream = StopStream(tok, ["<|im_end|>", "END"], out=out, skip_special=False)

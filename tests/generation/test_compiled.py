@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from attnlab import GPT, ModelConfig, Transformer
+from attnlab.cpu import for_decoding
+from attnlab.cpu import kernels as cpu_kernels
 from attnlab.generation.compiled import (
     CompiledStep,
     DecoderSteps,
@@ -21,9 +23,9 @@ from attnlab.generation.compiled import (
     capacity_for,
     encoder_decoder_token,
 )
-from attnlab.generation.decoder_only import for_decoding, generate
-from attnlab.generation.translation import SOURCE_BUCKET
-from attnlab.nn import StaticCache, StaticDecoderCache, cpu_kernels
+from attnlab.generation.decode import generate
+from attnlab.generation.seq2seq import SOURCE_BUCKET
+from attnlab.nn import StaticCache, StaticDecoderCache
 
 SMALL = dict(vocab_size=97, d_model=32, n_heads=4, d_ff=64, n_decoder_layers=2, max_len=128)
 FAMILIES = {
@@ -306,8 +308,9 @@ def test_a_float_model_compiles_before_anything_asked_for_the_cpu_kernels():
 import torch
 from attnlab import GPT, ModelConfig
 from attnlab.generation.compiled import CompiledStep
-from attnlab.generation.decoder_only import for_decoding, generate
-from attnlab.nn import cpu_kernels
+from attnlab.cpu import for_decoding
+from attnlab.generation.decode import generate
+from attnlab.cpu import kernels as cpu_kernels
 from attnlab.nn.attention import scaled_dot_product_attention
 q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
 f = torch.compile(scaled_dot_product_attention, backend="eager", fullgraph=True)
@@ -403,7 +406,7 @@ def searches_equal_eager(model: Transformer, src: torch.Tensor, step: CompiledSt
     """Greedy and beam search (k = 4) with ``step``: the eager search's tokens, and its logits
     and scores within 1e-5; returns the beam search's tokens."""
     from attnlab.generation.beam import beam_search
-    from attnlab.generation.translation import greedy_decode
+    from attnlab.generation.seq2seq import greedy_decode
 
     want, want_logits = greedy_decode(model, src, max_len=24, return_logits=True)
     got, got_logits = greedy_decode(model, src, max_len=24, return_logits=True, compiled=step)

@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, ModelConfig
+from attnlab.cpu import kernels as cpu_kernels
+from attnlab.cpu.linear import KernelLinear
 from attnlab.generation import decoding_layout_, filter_logits, generate
-from attnlab.generation.decoder_only import penalise_repeats
-from attnlab.nn import cpu_kernels
-from attnlab.nn.layout import KernelLinear
+from attnlab.generation.sampling import penalise_repeats
 
 
 def model(preset):

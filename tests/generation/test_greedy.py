@@ -7,8 +7,8 @@ from attnlab import ModelConfig, Transformer
 from attnlab.data import TranslationBatches
 from attnlab.generation import greedy_decode
 from attnlab.training import TrainConfig, Trainer
+from attnlab.training.objectives import Seq2Seq
 from attnlab.training.schedule import NoamSchedule, schedule_to_dict
-from attnlab.training.tasks import Seq2Seq
 from tests.criteria import train_until
 
 

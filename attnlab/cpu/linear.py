@@ -19,27 +19,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn import cpu_kernels
+from attnlab.cpu import kernels as cpu_kernels
 
 
 class KernelLinear(nn.Linear):
     """``nn.Linear`` whose few-row products on a CPU (decoding: one token a sequence) run
-    attnlab's kernel (:mod:`attnlab.nn.cpu_kernels`), ``y = x · Wᵀ + b`` with each row of
-    ``W (out, in)`` read once for all the rows of ``x (…, in)``. On a 2-core AVX2 EPYC it read
-    SmolLM2's fp32 matrices 1.7–2x faster than PyTorch's one-row kernel, 3x with 4 rows
-    (docs/benchmarks.md). A bfloat16 or float16 layer runs the same kernel, ``W`` widened
-    exactly to float32 as it is read and the sums in float32: with float32 ``x`` (decoding's
-    activations, :func:`~attnlab.generation.decoder_only.float32_activations_`) ``y`` is
-    float32, and a prompt's GEMM rounds ``x`` to the dtype and widens ``y``; with ``x`` in the
-    dtype, ``y`` is rounded once to it, as ``nn.Linear``'s own product does up to the order of
-    the sums
-    (with PyTorch's bf16 one-row product, compiled bf16 SmolLM2 decoded at 0.51–0.69x fp32's
-    rate on a Zen 4 EPYC, reading half the bytes; the kernel takes 2.4–2.8x less time than
-    that product). A decoding step of 4 to 8 sequences (or beams) through a bf16 layer,
-    ``x (batch, 1, in)``, where the kernels run AVX512-BF16
-    (:func:`~attnlab.nn.cpu_kernels.bf16_dot_rows`), rounds ``x`` to bf16 and multiplies with
-    ``vdpbf16ps``, float32 sums (8 rows of SmolLM2's matrices 1.8–2.0x faster than widening
-    the weights for each row); several tokens of one sequence never do.
+    attnlab's kernel (:mod:`attnlab.cpu.kernels`), ``y = x · Wᵀ + b`` with each row of
+    ``W (out, in)`` read once for all the rows of ``x (…, in)`` (decoding is bound by the bytes
+    of ``W``, so reading each row once is the point; docs/benchmarks.md has the figures).
+
+    A bfloat16 or float16 layer runs the same kernel, ``W`` widened exactly to float32 as it is
+    read and the sums in float32: with float32 ``x`` (decoding's activations,
+    :func:`~attnlab.cpu.prepare.float32_activations_`) ``y`` is float32, and a prompt's GEMM
+    rounds ``x`` to the dtype and widens ``y``; with ``x`` in the dtype, ``y`` is rounded once
+    to it, as ``nn.Linear``'s own product does up to the order of the sums. A decoding step of
+    4 to 8 sequences (or beams) through a bf16 layer, ``x (batch, 1, in)``, where the kernels
+    run AVX512-BF16 (:func:`~attnlab.cpu.kernels.bf16_dot_rows`), rounds ``x`` to bf16 and
+    multiplies with ``vdpbf16ps``, float32 sums: with float32 ``x`` such a batch is bound by
+    widening the weights for each row. Several tokens of one sequence never do.
     Anything else (more rows, a gradient to pass, another device or dtype, a weight not
     row-major, CPU autocast) is ``nn.Linear``'s own product."""
 
@@ -89,16 +86,15 @@ def decoding_layout_(model: nn.Module, rows: int = 1) -> nn.Module:
     CPU kernels are built, each fp32, bf16 or fp16 one becomes a :class:`KernelLinear` over a
     row-major weight. Elsewhere (PyTorch's kernels), fp32 is stored input-major for ``rows`` = 1
     (the matrix-vector products), row-major for a batch of ``rows`` > 1, whose products PyTorch
-    reads faster row-major (SmolLM2 fp32, 8 rows on a 2-core AVX2 EPYC: 80.2 tokens/s
-    row-major, 63.1 input-major; docs/benchmarks.md, "Batched decoding").
+    reads faster row-major (docs/benchmarks.md, "Batched decoding").
 
     Input-major, ``W (out, in)`` keeps its shape, values and name, but its memory holds Wᵀ
-    row by row, so ``x · Wᵀ`` multiplies by a row-major ``(in, out)`` matrix; for one row
-    PyTorch's fp32 CPU kernels read that layout faster (GPT-2 124M batch 1: 37 vs 29
-    tokens/s; docs/benchmarks.md). bf16 is the other way round, so other dtypes (and other
-    devices) are made row-major again, e.g. after ``.to(torch.bfloat16)`` kept the strides.
-    A tied embedding shares the change (a one-row lookup does not mind). Saving still works:
-    both writers make tensors contiguous, and the state dict's names and shapes are the same.
+    row by row, so ``x · Wᵀ`` multiplies by a row-major ``(in, out)`` matrix, which PyTorch's
+    one-row fp32 CPU kernels read faster. bf16 is the other way round, so other dtypes (and
+    other devices) are made row-major again, e.g. after ``.to(torch.bfloat16)`` kept the
+    strides. A tied embedding shares the change (a one-row lookup does not mind). Saving still
+    works: both writers make tensors contiguous, and the state dict's names and shapes are the
+    same.
     """
     for m in model.modules():
         if not isinstance(m, nn.Linear):
@@ -163,12 +159,12 @@ def stack_rows(layers: list[nn.Module]) -> nn.Module | None:
     if isinstance(first, Int4Linear):
         if any((m.group_size, m.bits) != (first.group_size, first.bits) for m in layers):
             return None
-        fused = Int4Linear(first.in_features, out_features, first.group_size,
-                           first.bias is not None, first.bits, first.qweight.device)
+        fused = type(first)(first.in_features, out_features, first.group_size,
+                            first.bias is not None, first.bits, first.qweight.device)
         names = ("qweight", "scales", "zeros", "kernel_scales", "kernel_offsets")
     elif isinstance(first, Int8Linear):
-        fused = Int8Linear(first.in_features, out_features, first.bias is not None,
-                           device=first.qweight.device)
+        fused = type(first)(first.in_features, out_features, first.bias is not None,
+                            device=first.qweight.device)
         names = ("qweight", "scales", "kernel_scales")
     else:
         return None

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from attnlab.nn import cpu_kernels
-from attnlab.nn.layout import KernelLinear, stack_rows
+from attnlab.cpu import kernels as cpu_kernels
+from attnlab.cpu.linear import KernelLinear, stack_rows
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason="attnlab's CPU kernels are not built here")
@@ -198,7 +198,7 @@ def test_speculative_verification_of_a_bf16_model_keeps_float32_activations():
     import copy
 
     from attnlab.config import ModelConfig
-    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.cpu import for_decoding
     from attnlab.generation.speculative import _logits
     from attnlab.models import GPT
 
@@ -287,9 +287,9 @@ def test_for_decoding_stacks_a_float_llamas_projections_and_decodes_the_same_log
     """fp32 for_decoding: 4 kernel products a layer instead of 7 (one qkv, one w13), the
     prompt's and each cached step's logits bit for bit those of the unstacked layout."""
     from attnlab.config import ModelConfig
-    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.cpu import for_decoding
+    from attnlab.cpu.linear import decoding_layout_
     from attnlab.models import GPT
-    from attnlab.nn.layout import decoding_layout_
 
     torch.manual_seed(0)
     config = ModelConfig.from_preset("llama-mini", n_decoder_layers=2, d_ff=96)
@@ -323,7 +323,7 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
     import copy
 
     from attnlab.config import ModelConfig
-    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.cpu import for_decoding
     from attnlab.models import GPT
 
     torch.manual_seed(0)

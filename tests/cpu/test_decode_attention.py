@@ -1,13 +1,16 @@
-"""attnlab's one-query attention (attnlab/nn/decode_attention.cpp) against a float64 reference
-of softmax(s · q Kᵀ) V over the allowed slots, and its place in scaled_dot_product_attention."""
+"""attnlab's one-query attention (attnlab/cpu/csrc/decode_attention.cpp) against a float64
+reference of softmax(s · q Kᵀ) V over the allowed slots, and its place in the CPU engine's
+attention (attnlab.cpu.attention: decode_attention, which an engine-ready model calls)."""
 
 import math
 
 import pytest
 import torch
 
-from attnlab.nn import attention, cpu_kernels
-from attnlab.nn.attention import scaled_dot_product_attention
+from attnlab.cpu import kernels as cpu_kernels
+from attnlab.nn import attention
+from attnlab.cpu.attention import decode_attention as scaled_dot_product_attention
+from attnlab.cpu.attention import kernel_applies
 
 built = pytest.mark.skipif(not cpu_kernels.available(),
                            reason="attnlab's CPU kernels could not be built here")
@@ -195,7 +198,7 @@ def test_bad_operands_are_refused_with_the_kernels_name():
 @built
 def test_only_a_mask_of_one_row_of_slots_per_batch_row_takes_the_kernel():
     q, k, v = _case(2, 4, 2, 12, 8, 8, seed=6)
-    applies = attention._decoding_kernel_applies
+    applies = kernel_applies
     assert applies(q, k, v, torch.ones(2, 1, 1, 12, dtype=torch.bool), None, 0.0, False)
     assert applies(q, k, v, torch.ones(1, 12, dtype=torch.bool), None, 0.0, False)  # (q, k)
     per_head = torch.rand(2, 4, 1, 12, generator=torch.Generator().manual_seed(1)) < 0.5

@@ -1,11 +1,11 @@
-"""attnlab's own CPU kernels for decoding, compiled from C++ on first use and cached on disk:
-:mod:`attnlab.nn.quantized`'s layers call the integer matrix products for a few rows,
-:class:`attnlab.nn.layout.KernelLinear` the float one, and
-:func:`attnlab.nn.attention.scaled_dot_product_attention` the one-query attention.
+"""attnlab's own CPU kernels for decoding (``csrc/``), compiled from C++ on first use and cached
+on disk: :mod:`attnlab.cpu.integer`'s layers call the integer matrix products for a few rows,
+:class:`attnlab.cpu.linear.KernelLinear` the float one, and :mod:`attnlab.cpu.attention` the
+one-query attention.
 
 Why our own: on a CPU one decoded token reads every weight once, so the kernel must read
-its codes at the memory's speed. PyTorch's int4 and int8 CPU kernels for one row read at
-3–8 GB/s on a 17 GB/s AVX2 machine (docs/benchmarks.md). ``int_kernels.cpp``, for
+its codes at the memory's speed, and PyTorch's int4 and int8 CPU kernels for one row read well
+below it (docs/benchmarks.md). ``int_kernels.cpp``, for
 ``x (m, in)`` float32 and ``y (m, out)`` float32:
 
 * ``int8_matmul(x, codes, scales, group)``: ``y[m, n] = Σ_g s[n, g] · Σ_{k∈g} q[n, k] x[m, k]``,
@@ -25,7 +25,7 @@ its codes at the memory's speed. PyTorch's int4 and int8 CPU kernels for one row
 ``float_kernels.cpp``: ``float_matmul(x, weight, bias)``, ``y = x · Wᵀ + b`` for a few rows,
 ``W (out, in)`` row-major float32, float16 or bfloat16 (widened to float32 as it is read), the
 sums in float32; ``x`` and ``b`` float32 or ``W``'s dtype, ``y`` in ``x``'s (rounded once), so
-a bf16 layer's call has no conversions around it; :class:`attnlab.nn.layout.KernelLinear`
+a bf16 layer's call has no conversions around it; :class:`attnlab.cpu.linear.KernelLinear`
 calls it. ``bf16_batch_matmul(x, weight, bias)``: a bf16 ``W`` against a decoding step of
 several sequences, ``x`` rounded to bf16 and multiplied with AVX512-BF16's ``vdpbf16ps``
 where that is built and runs (:func:`bf16_dot_rows`), else ``float_matmul``.
@@ -36,7 +36,7 @@ k and v float32, bfloat16 or float16, q of their dtype or float32, the sums in f
 ``mask (b or 1, slots)`` boolean, True = may attend. It stops at each row's last allowed
 slot, so a static cache's empty tail is never read; a row with none gives zeros.
 
-Building needs the C++ compiler that ``torch.compile`` needs too; about 15 s, once per
+Building needs the C++ compiler that ``torch.compile`` needs too, once per
 machine and torch version (``$ATTNLAB_CACHE_DIR``, default ``~/.cache/attnlab``, else the
 temporary folder; a failed build leaves a ``FAILED`` file there, so that later processes do
 not retry it). It is
@@ -68,9 +68,9 @@ import torch
 # the dtypes the float product reads its weights in and decode attention its cache in
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-_SOURCES = [Path(__file__).with_name(n)
-            for n in ("int_kernels.cpp", "float_kernels.cpp", "decode_attention.cpp")]
-_HEADERS = [Path(__file__).with_name("vectors.h")]  # (part of the cache key)
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = [_CSRC / n for n in ("int_kernels.cpp", "float_kernels.cpp", "decode_attention.cpp")]
+_HEADERS = [_CSRC / "vectors.h"]  # (part of the cache key)
 _DPBF16 = "-DATTNLAB_DPBF16"  # bf16_batch_matmul's vdpbf16ps (float_kernels.cpp)
 
 
