@@ -1,86 +1,29 @@
-"""Using an encoder (BERT-family) model: load it with its tokenizer, embed sentences, classify.
-
-Sentence embeddings follow how sentence-transformers models such as all-MiniLM-L6-v2 are
-trained and meant to be used:
-
-    u = mean_{t : mask_t = 1} h_t        (the real tokens' contextual vectors)
-    e = u / ‖u‖₂                          so cos(a, b) = e_a · e_b
-"""
+"""Deprecated: :mod:`attnlab.sentence_encoder` holds what this module held (``load_encoder``,
+``SentenceEncoder``, ``embed_sentences``, ``token_vectors``), and
+:mod:`attnlab.tasks.classify` holds ``classify_texts``. Importing this module still works, with
+a ``DeprecationWarning``, for one release."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
+import warnings
 
-import torch
-from torch import Tensor, nn
+from attnlab.sentence_encoder import (  # noqa: F401  (the old public names)
+    MINILM,
+    SentenceEncoder,
+    embed_sentences,
+    load_encoder,
+    minilm_path,
+    token_vectors,
+)
 
-from attnlab.errors import BadInput
-from attnlab.models.bert import mean_pool
-from attnlab.storage import MINILM, load, minilm_path  # noqa: F401  (minilm_path: public)
-from attnlab.tokenizers import WordPieceTokenizer
-
-
-@dataclass
-class SentenceEncoder:
-    """An encoder (BERT) model, its WordPiece tokenizer and the longest input it should see;
-    ``labels`` name a classifier's classes."""
-
-    model: nn.Module
-    tokenizer: WordPieceTokenizer
-    max_len: int
-    labels: list[str] | None = None
-    path: Path | None = None  # the folder or file the model was read from
+warnings.warn("attnlab.encoding is deprecated and goes in the next release: import "
+              "load_encoder, SentenceEncoder, embed_sentences and token_vectors from "
+              "attnlab.sentence_encoder, classify_texts from attnlab.tasks.classify",
+              DeprecationWarning, stacklevel=2)
 
 
-def load_encoder(spec: str | os.PathLike,
-                 adapter: str | os.PathLike | None = None) -> SentenceEncoder:
-    """``minilm``, a Hugging Face BERT folder, or an attnlab run/checkpoint folder (anything
-    :func:`attnlab.load` reads that holds an encoder)."""
-    loaded = load(spec, adapter=adapter).expect("encoder", "embed / classify")
-    return SentenceEncoder(loaded.model, loaded.tokenizer, loaded.max_len,
-                           loaded.config.extra.get("labels"), loaded.path)
-
-
-@torch.no_grad()
-def embed_sentences(enc: SentenceEncoder, sentences: list[str], batch_size: int = 32,
-                    normalize: bool = True) -> Tensor:
-    """``(n, d_model)`` mean-pooled (and L2-normalised) sentence vectors."""
-    out = []
-    for b in _batches(enc, sentences, batch_size):
-        h = enc.model.encode(b["ids"], b["token_type_ids"], b["attention_mask"])
-        u = mean_pool(h, b["attention_mask"])
-        out.append(nn.functional.normalize(u, dim=-1) if normalize else u)
-    return torch.cat(out)
-
-
-def _batches(enc: SentenceEncoder, texts: list[str], batch_size: int):
-    """Padded ``{ids, token_type_ids, attention_mask}`` batches on the model's device."""
-    device = next(enc.model.parameters()).device
-    for i in range(0, len(texts), batch_size):
-        batch = enc.tokenizer.batch(texts[i : i + batch_size], max_len=enc.max_len)
-        yield {k: v.to(device) for k, v in batch.items()}
-
-
-@torch.no_grad()
-def token_vectors(enc: SentenceEncoder, sentence: str) -> tuple[list[str], Tensor, Tensor]:
-    """Pieces (with [CLS]/[SEP]), their input embedding rows ``E[ids]`` (static) and their
-    output vectors (contextual), both ``(seq, d_model)``."""
-    ids = torch.tensor([enc.tokenizer.encode_single(sentence)])
-    pieces = [enc.tokenizer.backend.id_to_token(int(i)) for i in ids[0]]
-    static = enc.model.embed(ids)[0]
-    contextual = enc.model.encode(ids, torch.zeros_like(ids), torch.ones_like(ids))[0]
-    return pieces, static, contextual
-
-
-@torch.no_grad()
-def classify_texts(enc: SentenceEncoder, texts: list[str], batch_size: int = 32) -> Tensor:
-    """Class probabilities ``(n, num_labels)`` from a ``head='classify'`` model."""
-    if enc.model.config.head != "classify":
-        raise BadInput(f"model has head={enc.model.config.head!r}, not 'classify'")
-    probs = []
-    for b in _batches(enc, texts, batch_size):
-        logits = enc.model(b["ids"], b["token_type_ids"], b["attention_mask"])
-        probs.append(logits.float().softmax(-1))
-    return torch.cat(probs)
+def __getattr__(name: str) -> object:
+    if name == "classify_texts":  # above this module's layer: named, not imported
+        raise AttributeError("attnlab.encoding.classify_texts moved to "
+                             "attnlab.tasks.classify.classify_texts")
+    raise AttributeError(f"module 'attnlab.encoding' has no attribute {name!r}")

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 # command -> the module (attnlab.cli.<module>) that defines it, in the order --help lists them
 COMMANDS = {
     "info": "info", "train": "train", "average": "train", "generate": "generate",
-    "translate": "translate", "evaluate": "evaluate", "classify": "encoder",
-    "embed": "encoder", "ner": "encoder", "qa": "encoder", "explain": "explain", "plot": "explain",
+    "translate": "translate", "evaluate": "evaluate", "classify": "apply",
+    "embed": "apply", "ner": "apply", "qa": "apply", "explain": "explain", "plot": "explain",
     "tokenize": "tokenize",
     "quantize": "compress", "prune": "compress", "export": "export", "serve": "serve",
     "demo": "demo", "chat": "chat",

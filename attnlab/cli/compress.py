@@ -105,7 +105,8 @@ def _importance_batches(args: argparse.Namespace, loaded) -> tuple[list, object]
 
     config = loaded.config
     if config.arch == "encoder" and config.head == "classify":
-        from attnlab.data.classify import encode_examples, fixed_batches, read_labelled
+        from attnlab.data.labelled import fixed_batches
+        from attnlab.tasks.classify import encode_examples, read_labelled
 
         if not (args.text_field and args.label_field):
             raise UsageError("a classifier is pruned on labelled data: give --text-field and "

@@ -57,8 +57,8 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
     arch = teacher.config.arch
     if arch == "encoder-decoder":
         return _sequence_level(args, teacher)
+    from attnlab.tasks.classify.recipe import ClassifyRecipe
     from attnlab.training.distill import DistillRecipe
-    from attnlab.training.encoders import ClassifyRecipe
     from attnlab.training.recipes import LMRecipe, run
     from attnlab.training.schedule import LinearSchedule
 

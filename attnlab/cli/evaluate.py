@@ -6,7 +6,7 @@
 * ``evaluate choice``: a language model on multiple-choice questions (a JSON-lines file),
   zero- or few-shot, scored as EleutherAI's lm-evaluation-harness scores them: the
   log-likelihood of each choice after the prompt, ``acc`` and ``acc_norm``
-  (:mod:`attnlab.fewshot`, :mod:`attnlab.generation.likelihood`);
+  (:mod:`attnlab.tasks.choice`, :mod:`attnlab.generation.likelihood`);
 * ``evaluate lm``: a language model's perplexity on a text file, read through a sliding window.
 
 The flat form of an earlier release, ``attnlab evaluate --model M --src S --ref R``, still runs
@@ -36,7 +36,6 @@ from attnlab.cli.common import (
     integer_bits,
     integer_label,
     load_for,
-    read_text_file,
     runtime,
     warn_unknown,
 )
@@ -44,14 +43,14 @@ from attnlab.cli.common import (
 if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
     import torch
 
-    from attnlab.fewshot import Example
     from attnlab.storage import Loaded
+    from attnlab.tasks.choice import Example
 
 
 def _examples(path: str) -> list[str]:
     """One example a line (plain or .gz); the two characters ``\\n`` inside a line separate
     the example's sentences (what ROUGE-Lsum splits on)."""
-    from attnlab.data import read_lines
+    from attnlab.files import read_lines
 
     return [line.replace("\\n", "\n") for line in read_lines(path)]
 
@@ -63,7 +62,7 @@ def _aligned(hyp_path: str, ref_path: str, hyps: list[str], refs: list[str]) -> 
 
 def cmd_evaluate_translate(args: argparse.Namespace) -> None:
     from attnlab import hardware
-    from attnlab.generation.translation import translate
+    from attnlab.generation.seq2seq import translate
     from attnlab.metrics import text_scores
 
     loaded, device, precision = load_for(args, "encoder-decoder")
@@ -105,12 +104,12 @@ def cmd_evaluate_text(args: argparse.Namespace) -> None:
 
 
 def _demos(args: argparse.Namespace, examples: list[Example]) -> list[list[Example]]:
-    """Each scored example's demonstrations (module docstring of attnlab.fewshot); too few to
-    draw from is one error naming --shots, the line and the numbers."""
-    from attnlab import fewshot
+    """Each scored example's demonstrations (module docstring of attnlab.tasks.choice); too
+    few to draw from is one error naming --shots, the line and the numbers."""
+    from attnlab.tasks import choice
 
-    pool = fewshot.DemoPool(fewshot.read_examples(args.pool) if args.pool else examples,
-                            is_data=not args.pool)
+    pool = choice.DemoPool(choice.read_examples(args.pool) if args.pool else examples,
+                           is_data=not args.pool)
     pool_name = args.pool or args.data
     seed = None if args.pool_order == "file" else args.seed
     chosen = []
@@ -136,7 +135,7 @@ def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str]:
     bf16 kernels)."""
     if not integer_bits(args):
         return load_for(args, "decoder")
-    from attnlab.generation.decoder_only import for_decoding
+    from attnlab.cpu import for_decoding
     from attnlab.storage import load
 
     device, _, _ = decoding_runtime(args)
@@ -151,17 +150,17 @@ def _requests(args: argparse.Namespace, loaded: Loaded, examples: list[Example],
     """Each question's ``(context_ids, continuation_ids)`` per choice; symbols the vocabulary
     lacks are named in one warning, a choice longer than the model's context is an error, and
     prompts that will be cut are counted in one warning."""
-    from attnlab import fewshot
+    from attnlab.tasks import choice
 
     tok, window = loaded.tokenizer, loaded.config.context
     shown = dict.fromkeys([*examples, *(d for ds in demos for d in ds)])  # each text once
-    delimiters = [fewshot.TARGET_DELIMITER, *([fewshot.FEWSHOT_DELIMITER] if args.shots or any(
+    delimiters = [choice.TARGET_DELIMITER, *([choice.FEWSHOT_DELIMITER] if args.shots or any(
         ex.instruction for ex in examples) else [])]
     warn_unknown(tok, [*delimiters, *(t for ex in shown
                                       for t in (ex.instruction or "", ex.context, *ex.choices))],
                  args.data + (f" and {args.pool}" if args.pool and args.shots else ""))
-    requests = [fewshot.encode_choices(tok, fewshot.build_prompt(ex, d), ex,
-                                       f"{args.data}:{ex.line}")
+    requests = [choice.encode_choices(tok, choice.build_prompt(ex, d), ex,
+                                      f"{args.data}:{ex.line}")
                 for ex, d in zip(examples, demos, strict=True)]
     if window is None:  # ALiBi, no positions: nothing to cut
         return requests
@@ -182,9 +181,10 @@ def cmd_evaluate_lm(args: argparse.Namespace) -> None:
     import math
 
     from attnlab import hardware
+    from attnlab.files import read_text
     from attnlab.generation.likelihood import rolling_nll, windows
 
-    text = read_text_file(args.text)
+    text = read_text(args.text)
     loaded, device, precision = _decoder(args)
     window = loaded.config.context
     block = args.block or min(window or 1024, 1024)
@@ -218,14 +218,14 @@ def cmd_evaluate_lm(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate_choice(args: argparse.Namespace) -> None:
-    from attnlab import fewshot, hardware
-    from attnlab.generation.likelihood import grouped_continuation_logprobs
+    from attnlab import hardware
+    from attnlab.tasks import choice
 
     for flag, value, low in (("--shots", args.shots, 0), ("--batch", args.batch, 1),
                              ("--limit", args.limit, 1)):
         if value is not None and value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
-    examples = fewshot.read_examples(args.data)
+    examples = choice.read_examples(args.data)
     demos = _demos(args, examples)  # the data's errors before the model is loaded
     examples = examples[: args.limit]
     loaded, device, precision = _decoder(args)
@@ -234,21 +234,12 @@ def cmd_evaluate_choice(args: argparse.Namespace) -> None:
     announce(args, loaded.path, device, integer_label(bits) if bits else precision)
     precise = contextlib.nullcontext() if bits else hardware.autocast(device, precision)
     start = time.perf_counter()
-    # batched longest first, as lm-evaluation-harness orders its requests: questions of
-    # about the same length share a batch, so little of it is padding
-    order = sorted(range(len(requests)),
-                   key=lambda q: -max(len(x) + len(c) for x, c in requests[q]))
-    scores: list[list[float]] = [[] for _ in requests]
     with precise:
-        for i in range(0, len(order), args.batch):
-            batch = order[i : i + args.batch]
-            done = grouped_continuation_logprobs(loaded.model, [requests[q] for q in batch])
-            for q, s in zip(batch, done, strict=True):
-                scores[q] = s.tolist()
+        scores = choice.score_requests(loaded.model, requests, args.batch)
     seconds = time.perf_counter() - start
-    judged = [fewshot.judge(ex, s) for ex, s in zip(examples, scores, strict=True)]
-    acc = fewshot.mean_stderr([j.acc for j in judged])
-    acc_norm = fewshot.mean_stderr([j.acc_norm for j in judged])
+    judged = [choice.judge(ex, s) for ex, s in zip(examples, scores, strict=True)]
+    acc = choice.mean_stderr([j.acc for j in judged])
+    acc_norm = choice.mean_stderr([j.acc_norm for j in judged])
     if args.json:
         print(json.dumps({
             "acc": acc[0], "acc_stderr": acc[1], "acc_norm": acc_norm[0],
@@ -286,11 +277,9 @@ def _add_lang(p: argparse.ArgumentParser) -> None:
 
 def cmd_evaluate_ner(args: argparse.Namespace) -> None:
     from attnlab import hardware
-    from attnlab.data.conll import read_conll
-    from attnlab.encoding import load_encoder
     from attnlab.errors import UnsupportedFormat
-    from attnlab.metrics import entity_scores
-    from attnlab.tagging import predict_tags
+    from attnlab.sentence_encoder import load_encoder
+    from attnlab.tasks.ner import read_conll, score
 
     sentences = read_conll(args.data)
     device, precision = runtime(args)
@@ -301,9 +290,7 @@ def cmd_evaluate_ner(args: argparse.Namespace) -> None:
     enc.model.to(device)
     announce(args, enc.path, device, precision)
     with hardware.autocast(device, precision):
-        pred = predict_tags(enc.model, enc.tokenizer, [list(s.words) for s in sentences],
-                            args.batch)
-    scores = entity_scores([list(s.tags) for s in sentences], pred)
+        scores = score(enc.model, enc.tokenizer, sentences, args.batch)
     words = sum(len(s.words) for s in sentences)
     print(f"{len(sentences):,} sentences, {words:,} words, {scores.expected:,} entities")
     print(f"entity precision {scores.precision:.4f}, recall {scores.recall:.4f}, "

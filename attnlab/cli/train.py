@@ -160,7 +160,7 @@ def cmd_train_mlm(args: argparse.Namespace) -> None:
 
 
 def cmd_train_classify(args: argparse.Namespace) -> None:
-    from attnlab.training.encoders import ClassifyRecipe
+    from attnlab.tasks.classify.recipe import ClassifyRecipe
     from attnlab.training.recipes import run
 
     recipe = ClassifyRecipe(args.data, args.text_field, args.label_field, args.init,
@@ -175,7 +175,7 @@ def cmd_train_classify(args: argparse.Namespace) -> None:
 
 
 def cmd_train_ner(args: argparse.Namespace) -> None:
-    from attnlab.training.ner import NERRecipe
+    from attnlab.tasks.ner.recipe import NERRecipe
     from attnlab.training.recipes import run
 
     recipe = NERRecipe(args.data, args.init, args.max_len, args.batch)
@@ -189,7 +189,7 @@ def cmd_train_ner(args: argparse.Namespace) -> None:
 
 
 def cmd_train_qa(args: argparse.Namespace) -> None:
-    from attnlab.training.qa import QARecipe, article_range
+    from attnlab.tasks.qa.recipe import QARecipe, article_range
     from attnlab.training.recipes import run
 
     recipe = QARecipe(args.data, args.init, article_range(args.train_articles),

@@ -15,9 +15,9 @@ the widths must match (a DistilBERT-style student keeps the teacher's width and 
 sources with beam search and the student trains on those translations as targets, with the
 ordinary translation recipe (:func:`sequence_level_corpus`).
 
-:class:`Distill` is a task (``attnlab.training.tasks``) wrapping the data's own: the trainer
-sees a loss like any other. The teacher runs under ``no_grad`` in eval mode, in the student's
-precision.
+:class:`Distill` is an objective (``attnlab.training.objectives``) wrapping the data's own: the
+trainer sees a loss like any other. The teacher runs under ``no_grad`` in eval mode, in the
+student's precision.
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ from torch import Tensor, nn
 from attnlab.build import build_model
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
-from attnlab.training.encoders import finish_classifier
 from attnlab.training.loss import LossSums, label_smoothed_loss
-from attnlab.training.recipes import Prepared, Recipe
-from attnlab.training.tasks import CausalLM, Classify, Seq2Seq
+from attnlab.training.objectives import CausalLM, Classify, Seq2Seq
+from attnlab.training.recipes import Prepared, Recipe, finish_classifier
 
 
 def distillation_loss(student: Tensor, teacher: Tensor, target: Tensor, temperature: float,

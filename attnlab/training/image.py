@@ -28,9 +28,8 @@ from attnlab import build
 from attnlab.config import ModelConfig
 from attnlab.data.images import DIGITS, ImageBatches, load_digits
 from attnlab.errors import BadInput
-from attnlab.training.encoders import finish_classifier
-from attnlab.training.recipes import Prepared, Recipe
-from attnlab.training.tasks import ImageClassify
+from attnlab.training.objectives import ImageClassify
+from attnlab.training.recipes import Prepared, Recipe, finish_classifier
 from attnlab.training.trainer import TrainConfig
 
 DATASETS = (DIGITS,)  # what --data names

@@ -45,7 +45,7 @@ from attnlab.models.bert import BERT
 from attnlab.models.gpt import GPT
 from attnlab.params import check_parallel, pipeline_layers, stage_sizes
 from attnlab.training.loss import label_smoothed_loss
-from attnlab.training.tasks import CausalLM, MaskedLM
+from attnlab.training.objectives import CausalLM, MaskedLM
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 CPU = torch.device("cpu")

@@ -10,9 +10,8 @@ model its own way (a classifier starts from a pretrained encoder) and add result
 * :class:`TranslationRecipe`: an encoder–decoder, the paper's recipe (``train translate``);
 * :class:`LMRecipe`: a decoder-only language model on a text file (``train lm``);
 * :class:`MLMRecipe`: BERT masked-LM (and NSP) pretraining (``train mlm``);
-* fine-tuning a pretrained encoder, in modules of their own:
-  :class:`~attnlab.training.encoders.ClassifyRecipe` (a [CLS] classifier, ``train classify``),
-  :class:`~attnlab.training.ner.NERRecipe` and :class:`~attnlab.training.qa.QARecipe`;
+* fine-tuning a pretrained encoder, with their tasks (:mod:`attnlab.tasks`): classify, ner
+  and qa; :func:`finish_classifier` ends every classifier's run;
 * :class:`~attnlab.training.image.ImageRecipe`: a ViT on images (``train image``).
 """
 
@@ -50,7 +49,7 @@ from attnlab.tokenizers import (
 )
 from attnlab.training import distributed
 from attnlab.training.guard import RunLock
-from attnlab.training.tasks import CausalLM, MaskedLM, Seq2Seq
+from attnlab.training.objectives import CausalLM, MaskedLM, Seq2Seq, classification_metrics
 from attnlab.training.trainer import TrainConfig, Trainer
 
 TOKENIZERS = {"char": CharTokenizer, "word": WordTokenizer}
@@ -63,7 +62,7 @@ class Prepared:
     config: ModelConfig  # the model config, completed from the data (vocabulary, ids, ...)
     tokenizers: dict[str, Tokenizer]
     batches: Any  # the endless training stream
-    task: Any  # a task of attnlab.training.tasks (Seq2Seq, CausalLM, ...)
+    task: Any  # an objective of attnlab.training.objectives (Seq2Seq, CausalLM, ...)
     summary: str  # one line about the data, printed before training
     val_batches: list | None = None
     state: dict[str, Any] = field(default_factory=dict)  # what finish() needs later
@@ -350,6 +349,20 @@ def write_final(model: nn.Module, prepared: Prepared, out_dir: Path, rank: int) 
                        step=prepared.state["step"])
 
 
+def finish_classifier(model: nn.Module, prepared: Prepared, out_dir: Path,
+                      rank: int) -> dict[str, float]:
+    """A classifier's end of training (text or images): the model the run ends with (the one
+    early stopping kept, when it kept one) scored on the validation and test
+    (``state["test"]``) batches, and written to ``final/``."""
+    device, n = next(model.parameters()).device, model.config.num_labels
+    results = {}
+    for split, batches in (("val", prepared.val_batches), ("test", prepared.state["test"])):
+        results.update({f"{split}_{k}": v for k, v in classification_metrics(
+            model, batches, device, n, prepared.task).items()})
+    write_final(model, prepared, out_dir, rank)
+    return results
+
+
 # --- the same recipes as plain functions ---------------------------------------------------
 def train_translation(corpus: Corpus, out_dir: str | Path, model_config: ModelConfig,
                       train_config: TrainConfig, src_tokenizer: str = "word",
@@ -383,4 +396,5 @@ def train_mlm(text_path: str | Path, out_dir: str | Path, model_config: ModelCon
 
 
 __all__ = ["Recipe", "Prepared", "TrainedRun", "run", "TranslationRecipe", "LMRecipe",
-           "MLMRecipe", "write_final", "train_translation", "train_lm", "train_mlm"]
+           "MLMRecipe", "write_final", "finish_classifier", "train_translation", "train_lm",
+           "train_mlm"]

@@ -39,8 +39,8 @@ from attnlab.storage import list_checkpoints, load_weights, remove_temporaries, 
 from attnlab.training import distributed, parallel, sharded
 from attnlab.training.checkpoint import load_trainer_state, save_checkpoint
 from attnlab.training.guard import StopSignals
+from attnlab.training.objectives import classification_metrics, evaluate
 from attnlab.training.schedule import schedule_from_dict
-from attnlab.training.tasks import classification_metrics, evaluate
 from attnlab.training.train_config import TrainConfig, build_optimizer
 
 
@@ -82,7 +82,7 @@ def _step_of(row: str) -> float:
 
 class Trainer:
     """Trains ``model`` on ``batches`` (e.g. :class:`TranslationBatches`, :class:`LMBatches`);
-    ``task`` (:mod:`attnlab.training.tasks`) says how a batch becomes a loss. Each validation
+    ``task`` (:mod:`attnlab.training.objectives`) says how a batch becomes a loss. Each validation
     pass (``val_batches``, every ``eval_every`` steps) is one line through ``log`` on rank 0,
     above the progress bar: ``step 250: val loss 2.5712 (best 2.5712)``, and for a task that
     classifies (one with ``logits``) ``, accuracy 0.9653``."""

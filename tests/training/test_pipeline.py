@@ -23,8 +23,8 @@ from attnlab.errors import BadInput
 from attnlab.models.bert import BERT
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
+from attnlab.training.objectives import CausalLM, MaskedLM, Seq2Seq
 from attnlab.training.pipeline import Pipeline
-from attnlab.training.tasks import CausalLM, MaskedLM, Seq2Seq
 
 CASES = ("gpt2", "llama", "bert")
 SCHEDULES = ("gpipe", "1f1b")

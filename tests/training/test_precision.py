@@ -10,8 +10,8 @@ from attnlab.cli import main
 from attnlab.data import TranslationBatches
 from attnlab.training import TrainConfig, Trainer
 from attnlab.training.checkpoint import list_checkpoints, load_trainer_state
+from attnlab.training.objectives import Seq2Seq
 from attnlab.training.schedule import CosineSchedule, schedule_to_dict
-from attnlab.training.tasks import Seq2Seq
 
 
 def train(precision, out, steps=6):

@@ -9,8 +9,8 @@ import transformers
 from seqeval.metrics import f1_score, precision_score, recall_score
 
 from attnlab import BERT, ModelConfig
-from attnlab.metrics import entity_scores
-from attnlab.tagging import IGNORE, predict_tags, split_words, tag_text, word_pieces
+from attnlab.data.labelled import IGNORE
+from attnlab.tasks.ner import entity_scores, predict_tags, split_words, tag_text, word_pieces
 from attnlab.tokenizers import WordPieceTokenizer
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

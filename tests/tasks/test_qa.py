@@ -9,13 +9,12 @@ import torch
 import transformers
 
 from attnlab import from_pretrained
-from attnlab.data.squad import read_squad, training_rows
 from attnlab.data.stream import LabelledBatch
 from attnlab.errors import BadInput
-from attnlab.metrics import normalize_answer, squad_scores
-from attnlab.qa import Window, answer, best_span, windows
+from attnlab.tasks.qa import Window, answer, best_span, normalize_answer, squad_scores, windows
+from attnlab.tasks.qa.data import read_squad, training_rows
 from attnlab.tokenizers import WordPieceTokenizer
-from attnlab.training.tasks import Span
+from attnlab.training.objectives import Span
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["who", "won", "the", "game", "in", "year", "team", "red", "blue", "green", "played",
@@ -90,7 +89,7 @@ def test_an_answer_across_a_window_boundary_comes_from_the_window_that_holds_it(
 
 
 def test_training_targets_point_at_the_answer_or_at_cls(tok):
-    from attnlab.data.squad import Question
+    from attnlab.tasks.qa import Question
 
     start = CONTEXT.index("lions finally won")
     q = Question("q1", 0, "who won the game ?", CONTEXT, ("lions finally won",), (start,))

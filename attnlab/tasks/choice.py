@@ -1,6 +1,7 @@
-"""Zero- and few-shot multiple-choice evaluation, built as EleutherAI's lm-evaluation-harness
-builds a local ``multiple_choice`` task (``target_delimiter=" "``, ``fewshot_delimiter="\\n\\n"``,
-the example's ``instruction`` as the description).
+"""Multiple-choice questions scored by a language model (``evaluate choice``), zero- or
+few-shot, built as EleutherAI's lm-evaluation-harness builds a local ``multiple_choice`` task
+(``target_delimiter=" "``, ``fewshot_delimiter="\\n\\n"``, the example's ``instruction`` as the
+description).
 
 An example is one JSON line: ``context`` (str), ``choices`` (≥ 2 non-empty str), ``answer``
 (the index of the right choice) and an optional ``instruction`` (str; null or "" is none).
@@ -42,8 +43,11 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from attnlab.config import parse_json, read_text
+from torch import nn
+
 from attnlab.errors import BadInput
+from attnlab.files import parse_json, read_text
+from attnlab.generation.likelihood import grouped_continuation_logprobs
 from attnlab.tokenizers import Tokenizer
 
 TARGET_DELIMITER = " "  # between a context and its answer
@@ -207,6 +211,23 @@ def encode_choices(tokenizer: Tokenizer, prompt: str, example: Example,
 
 
 # --- scores ----------------------------------------------------------------------------------
+def score_requests(model: nn.Module, requests: Sequence[Sequence[tuple[list[int], list[int]]]],
+                   batch_size: int = 1) -> list[list[float]]:
+    """Each question's choices' log-likelihoods, ``batch_size`` questions a forward pass
+    (:func:`~attnlab.generation.likelihood.grouped_continuation_logprobs`), batched longest
+    first, as lm-evaluation-harness orders its requests: questions of about the same length
+    share a batch, so little of it is padding."""
+    order = sorted(range(len(requests)),
+                   key=lambda q: -max(len(x) + len(c) for x, c in requests[q]))
+    scores: list[list[float]] = [[] for _ in requests]
+    for i in range(0, len(order), batch_size):
+        batch = order[i : i + batch_size]
+        done = grouped_continuation_logprobs(model, [requests[q] for q in batch])
+        for q, s in zip(batch, done, strict=True):
+            scores[q] = s.tolist()
+    return scores
+
+
 def argmax(values: Sequence[float]) -> int:
     """The index of the largest value, the first of equal ones (numpy's rule)."""
     best = 0
@@ -257,5 +278,5 @@ def mean_stderr(values: Sequence[float]) -> tuple[float, float | None]:
 
 
 __all__ = ["Example", "read_examples", "DemoPool", "build_prompt",
-           "continuations", "encode_pair", "encode_choices", "argmax", "Judged", "judge",
-           "mean_stderr", "TARGET_DELIMITER", "FEWSHOT_DELIMITER"]
+           "continuations", "encode_pair", "encode_choices", "score_requests", "argmax",
+           "Judged", "judge", "mean_stderr", "TARGET_DELIMITER", "FEWSHOT_DELIMITER"]

@@ -2,7 +2,7 @@
 
 Covered elsewhere, not repeated here:
 
-- classify: happy path tests/training/test_bert_training.py::test_classify_cli_prints_labels
+- classify: happy path tests/tasks/test_classify.py::test_classify_cli_prints_labels
   (a fine-tuned classifier labels two reviews right).
 - embed: happy path with all-MiniLM-L6-v2 tests/interop/test_minilm.py::
   test_embed_cli_prints_the_cosine_matrix (the printed cosines equal sentence-transformers').

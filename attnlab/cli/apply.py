@@ -1,5 +1,7 @@
-"""Encoder (BERT) inference: ``attnlab classify``, ``attnlab embed`` and ``attnlab ner``.
-(Training them is ``attnlab train mlm|classify|ner``, in :mod:`attnlab.cli.train`.)"""
+"""Applying an encoder (BERT) to texts: ``attnlab classify``, ``embed``, ``ner`` and ``qa``.
+Each command loads the model (:mod:`attnlab.sentence_encoder`) and calls its task
+(:mod:`attnlab.tasks`). (Training them is ``attnlab train mlm|classify|ner|qa``, in
+:mod:`attnlab.cli.train`.)"""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from attnlab.cli.common import (
 def _encoder(args: argparse.Namespace, head: str | None = None):
     """The ``--model`` encoder (with a ``head``, if given) on ``--device``, and the precision
     to run it in."""
-    from attnlab.encoding import load_encoder
     from attnlab.errors import UnsupportedFormat
+    from attnlab.sentence_encoder import load_encoder
 
     device, precision = runtime(args)
     enc = load_encoder(args.model, args.adapter)
@@ -33,7 +35,7 @@ def _encoder(args: argparse.Namespace, head: str | None = None):
 
 def cmd_classify(args: argparse.Namespace) -> None:
     from attnlab import hardware
-    from attnlab.encoding import classify_texts
+    from attnlab.tasks.classify.predict import classify_texts
 
     enc, device, precision = _encoder(args, head="classify")
     labels = enc.labels or [str(i) for i in range(enc.model.config.num_labels)]
@@ -48,7 +50,7 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 def cmd_embed(args: argparse.Namespace) -> None:
     from attnlab import hardware
-    from attnlab.encoding import embed_sentences
+    from attnlab.sentence_encoder import embed_sentences
 
     enc, device, precision = _encoder(args)
     inputs = texts(args, skip_blank=True)
@@ -75,7 +77,7 @@ def cmd_ner(args: argparse.Namespace) -> None:
     """Each text with its entities in brackets, ``[ORG EU] rejects [MISC German] call``; with
     ``--json``, one object a text with each entity's type, text and character span."""
     from attnlab import hardware
-    from attnlab.tagging import tag_text
+    from attnlab.tasks.ner.predict import tag_text
 
     enc, device, precision = _encoder(args, head="tokens")
     inputs = texts(args, skip_blank=True)
@@ -98,15 +100,12 @@ def cmd_ner(args: argparse.Namespace) -> None:
 def cmd_qa(args: argparse.Namespace) -> None:
     """The answer's text; with ``--json`` also its score and character span."""
     from attnlab import hardware
-    from attnlab.cli.common import read_text_file
-    from attnlab.qa import answer, check_window
+    from attnlab.files import read_text
+    from attnlab.tasks.qa.predict import answer, reading_window
 
     enc, device, precision = _encoder(args, head="qa")
-    context = read_text_file(args.context)
-    window = enc.model.config.extra.get("qa_window", {})
-    max_len = args.max_len or window.get("max_len") or min(384, enc.max_len)
-    stride = window.get("stride", max_len // 3) if args.stride is None else args.stride
-    check_window(max_len, stride, enc.model.config.max_len - enc.model.config.position_offset)
+    context = read_text(args.context)
+    max_len, stride = reading_window(enc, args.max_len, args.stride)
     if args.max_answer_len < 1:
         raise UsageError(f"--max-answer-len must be at least 1, got {args.max_answer_len}")
     questions = texts(args, skip_blank=True)

@@ -1,11 +1,11 @@
-"""Extractive question answering: a pretrained encoder fine-tuned on SQuAD-format data with a
-span head (:mod:`attnlab.qa`), as transformers' ``run_qa.py`` does it: windows of ``max_len``
+"""``train qa``: a pretrained encoder fine-tuned on SQuAD-format data with a span head
+(:mod:`attnlab.tasks.qa`), as transformers' ``run_qa.py`` does it: windows of ``max_len``
 tokens overlapping by ``stride``, the answer's first and last token as targets (the [CLS]
 position when the answer is not in the window). Training and evaluation questions come
 from two ranges of articles of one file, so that no article is on both sides (SQuAD's
 training set is not needed: ``dev-v1.1.json`` articles 0-37 train, 38-47 evaluate). After
 training the kept model answers every evaluation question; results are SQuAD's exact match
-and F1 (:func:`attnlab.metrics.squad_scores`).
+and F1 (:func:`attnlab.tasks.qa.predict.squad_scores`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,18 @@ from torch import nn
 
 from attnlab import build
 from attnlab.config import ModelConfig
-from attnlab.data.squad import SpanBatches, fixed_span_batches, read_squad, training_rows
 from attnlab.errors import BadInput
-from attnlab.metrics import squad_scores
-from attnlab.qa import answer_many, check_window
-from attnlab.training.encoders import from_encoder, token_encoder
+from attnlab.tasks.pretrained import from_encoder, token_encoder
+from attnlab.tasks.qa.data import (
+    SpanBatches,
+    check_window,
+    fixed_span_batches,
+    read_squad,
+    training_rows,
+)
+from attnlab.tasks.qa.predict import answer_many, squad_scores
+from attnlab.training.objectives import Span
 from attnlab.training.recipes import Prepared, Recipe, write_final
-from attnlab.training.tasks import Span
 from attnlab.training.train_config import TrainConfig
 
 

@@ -1,4 +1,4 @@
-"""Labelled texts for sequence classification: JSON lines in, a fixed split, padded batches.
+"""Labelled texts for sequence classification: JSON lines in, a fixed split, token rows out.
 
 The split is a function of each example's id alone (SHA-1 of the id, as a number in [0, 1)),
 so, given an id field, it never changes when the file is reordered or grows, and no example
@@ -11,12 +11,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from attnlab.config import parse_json
-from attnlab.data.parallel import text_lines
-from attnlab.data.stream import LabelledBatch, SeededBatches
 from attnlab.errors import BadInput, MissingFile
+from attnlab.files import parse_json, text_lines
 
 
 @dataclass
@@ -79,51 +75,3 @@ def encode_examples(examples: list[Example], tokenizer, labels: list[str],
             ids = ids[: max_len - 1] + [tokenizer.sep_id]
         out.append((ids, index[e.label]))
     return out
-
-
-def collate(rows: list[tuple[list[int], int | list[int]]], pad_id: int) -> LabelledBatch:
-    """``(ids, token_type_ids, attention_mask, labels)``, right-padded to the longest row.
-    A row's label is one class ``(batch,)``, or one per position (tagging) ``(batch, seq)``,
-    padded with -100, the label the loss ignores."""
-    width = max(len(r) for r, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    per_position = isinstance(rows[0][1], list)
-    labels = torch.full_like(ids, -100) if per_position else torch.tensor([y for _, y in rows])
-    for i, (r, y) in enumerate(rows):
-        ids[i, : len(r)], attention[i, : len(r)] = torch.tensor(r), 1
-        if per_position:
-            labels[i, : len(y)] = torch.tensor(y)
-    return LabelledBatch(ids, torch.zeros_like(ids), attention, labels)
-
-
-def fixed_batches(rows: list[tuple[list[int], int]], batch_size: int,
-                  pad_id: int) -> list[LabelledBatch]:
-    """Evaluation batches in a fixed order, sorted by length so little padding is computed."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
-    return [collate([rows[i] for i in order[s : s + batch_size]], pad_id)
-            for s in range(0, len(order), batch_size)]
-
-
-class ClassifyBatches(SeededBatches):
-    """Endless shuffled training batches: epoch e is a permutation seeded by ``(seed, e)``, so
-    batch n is known from n alone and a resumed run sees the same batches."""
-
-    def __init__(self, rows: list[tuple[list[int], int]], batch_size: int, pad_id: int,
-                 seed: int = 0):
-        self.rows, self.batch_size, self.pad_id, self.seed = rows, batch_size, pad_id, seed
-        self.per_epoch = max(1, len(rows) // batch_size)
-
-    def batch(self, n: int) -> LabelledBatch:
-        epoch, k = divmod(n, self.per_epoch)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(self.rows), generator=g)
-        chosen = order[k * self.batch_size : (k + 1) * self.batch_size][self.rank :: self.world]
-        return self.collate([self.rows[i] for i in chosen.tolist()], self.pad_id)
-
-    @staticmethod
-    def collate(rows: list, pad_id: int) -> LabelledBatch:
-        """One batch of rows (a subclass batches other rows: spans for QA)."""
-        return collate(rows, pad_id)
-
-

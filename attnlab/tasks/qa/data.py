@@ -1,12 +1,17 @@
-"""SQuAD files (Rajpurkar et al., 2016): JSON, optionally gzipped, ``{"data": [article, ...]}``
+"""SQuAD files and the windows a model reads.
+
+SQuAD files (Rajpurkar et al., 2016): JSON, optionally gzipped, ``{"data": [article, ...]}``
 with each article ``{"title", "paragraphs": [{"context", "qas": [{"id", "question",
 "answers": [{"text", "answer_start"}]}]}]}``. The file is untrusted: every field is checked,
 and a wrong one is one error naming the file and the question or article.
 
+A context longer than the model's window is read in windows of ``max_len`` tokens whose
+context parts overlap by ``stride`` tokens, as transformers' tokenizers cut them
+(``truncation="only_second", return_overflowing_tokens=True, stride=...``).
+
 Training features follow transformers' ``run_qa.py`` for SQuAD v1: each window of a
-question (:func:`attnlab.qa.windows`) is one training row whose target is the first
-answer's first and last token when the whole answer is in the window, else [CLS] (position
-0) for both.
+question (:func:`windows`) is one training row whose target is the first answer's first and
+last token when the whole answer is in the window, else [CLS] (position 0) for both.
 """
 
 from __future__ import annotations
@@ -19,11 +24,9 @@ from pathlib import Path
 
 import torch
 
-from attnlab.data.classify import ClassifyBatches
+from attnlab.data.labelled import LabelledBatches, padded
 from attnlab.data.stream import LabelledBatch
 from attnlab.errors import BadInput, MissingFile
-from attnlab.qa import windows
-from attnlab.tagging import padded
 
 MAX_BYTES = 1 << 30  # a SQuAD file larger than this (decompressed) is refused
 
@@ -89,6 +92,60 @@ def _question(qa: dict, article: int, context: str) -> Question:
     return Question(str(qa["id"]), article, qa["question"], context, texts, starts)
 
 
+# --- windows ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """One window of a question and its context: ``ids`` and ``types`` ``(seq,)``, and for
+    each token its character span in the context (None outside the context)."""
+
+    ids: list[int]
+    types: list[int]
+    spans: list[tuple[int, int] | None]
+
+    def position_of(self, start_char: int, end_char: int) -> tuple[int, int] | None:
+        """The tokens holding characters ``[start_char, end_char)`` of the context, when the
+        whole answer is in this window (None otherwise)."""
+        inside = [(i, s) for i, s in enumerate(self.spans) if s is not None]
+        if not inside or inside[0][1][0] > start_char or inside[-1][1][1] < end_char:
+            return None
+        first = next(i for i, (a, b) in inside if b > start_char)
+        last = next(i for i, (a, b) in reversed(inside) if a < end_char)
+        return first, last
+
+
+def check_window(max_len: int, stride: int, positions: int) -> None:
+    """Windows a model with ``positions`` positions can read, and that always move on: a
+    stride below half a window. A BadInput naming the option otherwise."""
+    if not 8 <= max_len <= positions:
+        raise BadInput(f"--max-len {max_len} must be between 8 and the model's {positions} "
+                       "positions")
+    if not 0 <= stride < max_len // 2:
+        raise BadInput(f"--stride {stride} must be at least 0 and below half of --max-len "
+                       f"{max_len}")
+
+
+def windows(tokenizer, question: str, context: str, max_len: int = 384,
+            stride: int = 128) -> list[Window]:
+    """``[CLS] question [SEP] part of context [SEP]`` windows: the question whole, the
+    context cut so that consecutive windows share ``stride`` context tokens."""
+    backend = tokenizer.backend
+    backend.enable_truncation(max_len, stride=stride, strategy="only_second")
+    try:
+        first = backend.encode(question, context)
+    except Exception as e:  # the tokenizers library's: a question that leaves no room
+        raise BadInput(f"question {question[:40]!r}: windows of {max_len} tokens with stride "
+                       f"{stride} cannot hold it and a part of the context ({e})") from None
+    finally:
+        backend.no_truncation()
+    out = []
+    for enc in [first, *first.overflowing]:
+        spans = [span if seq == 1 else None
+                 for span, seq in zip(enc.offsets, enc.sequence_ids, strict=True)]
+        out.append(Window(enc.ids, enc.type_ids, spans))
+    return out
+
+
+# --- training rows ---------------------------------------------------------------------------
 def training_rows(questions: list[Question], tokenizer, max_len: int,
                   stride: int) -> list[tuple[list[int], list[int], int, int]]:
     """``(ids, token_types, start, end)`` for every window of every question."""
@@ -115,8 +172,8 @@ def fixed_span_batches(rows, batch_size: int, pad_id: int) -> list[LabelledBatch
             for s in range(0, len(order), batch_size)]
 
 
-class SpanBatches(ClassifyBatches):
-    """Endless shuffled training batches of windows, as :class:`ClassifyBatches` draws them."""
+class SpanBatches(LabelledBatches):
+    """Endless shuffled training batches of windows, as :class:`LabelledBatches` draws them."""
 
     @staticmethod
     def collate(rows: list, pad_id: int) -> LabelledBatch:

@@ -1,7 +1,8 @@
-"""What one batch means to the trainer: how many tokens it predicts and its loss.
+"""Training objectives: what one batch means to the trainer, how many tokens it predicts and
+its loss.
 
-The training loop (:mod:`attnlab.training.trainer`) is the same for every family; a task says
-how a batch is fed to the model:
+The training loop (:mod:`attnlab.training.trainer`) is the same for every family; an objective
+says how a batch is fed to the model:
 
 * :class:`Seq2Seq` — a :class:`TranslationBatch`: ``model(src, tgt[:, :-1])`` predicts
   ``tgt[:, 1:]``;
@@ -10,9 +11,11 @@ how a batch is fed to the model:
 * :class:`MaskedLM` — a :class:`MaskedLMBatch`: BERT predicts the selected positions
   (``labels != -100``), plus next-sentence prediction when the model has that head;
 * :class:`Classify` — a :class:`LabelledBatch`: one label per sequence;
+* :class:`Tag` — a :class:`LabelledBatch`: one label per position (NER);
+* :class:`Span` — a :class:`LabelledBatch`: an answer's first and last token (extractive QA);
 * :class:`ImageClassify` — an :class:`ImageBatch`: one label per image (the ViT).
 
-The two classifying tasks also give their ``logits(model, batch)``: the trainer reports (and
+The two classifying objectives also give their ``logits(model, batch)``: the trainer reports (and
 may stop on) their validation accuracy, and :func:`classification_metrics` scores them.
 """
 
@@ -108,7 +111,7 @@ class Tag(_EncoderInputs):
     """Cross-entropy of one label per position (NER): logits ``(batch, seq, num_labels)``,
     labels ``(batch, seq)`` with -100 at the positions the loss skips (a word's later
     subwords, [CLS], [SEP], padding). Validation reports its loss; the entity F1 is scored
-    on words after training (:mod:`attnlab.training.ner`)."""
+    on words after training (:mod:`attnlab.tasks.ner`)."""
 
     def target_tokens(self, batch: LabelledBatch) -> int:
         return int((batch.labels != -100).sum())

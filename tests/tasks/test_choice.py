@@ -1,4 +1,4 @@
-"""attnlab.fewshot: the harness's prompt, its tokenisation and its scores, checked on strings
+"""attnlab.tasks.choice: the harness's prompt, its tokenisation and its scores, checked on strings
 and numbers worked out by hand; the demonstrations never include the scored question."""
 
 import json
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from attnlab.errors import BadInput
-from attnlab.fewshot import (
+from attnlab.tasks.choice import (
     DemoPool,
     Example,
     argmax,

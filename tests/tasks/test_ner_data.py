@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.data.conll import Sentence, entities, read_conll
 from attnlab.errors import BadInput
+from attnlab.tasks.ner import Sentence, entities, read_conll
 
 CONLL = Path(__file__).resolve().parents[3] / "shared" / "data" / "conll2003"
 
@@ -70,7 +70,7 @@ def test_conll2003_test_set_has_its_published_size():
 
 
 def test_the_tag_set_has_both_tags_of_every_type_in_a_fixed_order():
-    from attnlab.data.conll import tag_set
+    from attnlab.tasks.ner import tag_set
 
     sentences = [Sentence(("a", "b"), ("B-PER", "O")), Sentence(("c",), ("I-LOC",))]
     assert tag_set(sentences) == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]

@@ -1,9 +1,9 @@
-"""Named-entity recognition: a pretrained encoder fine-tuned to tag words with BIO tags from
-CoNLL files (:mod:`attnlab.data.conll`), as transformers' ``run_ner.py`` does it: a linear
-``tokens`` head on the encoder's last layer, trained on each word's first subword
-(:mod:`attnlab.tagging`), no CRF. Validation loss drives early stopping; after training the
-kept model is scored at the entity level (precision, recall, F1: :func:`attnlab.metrics.
-entity_scores`) on the development and test files, whose tags are predicted word by word.
+"""``train ner``: a pretrained encoder fine-tuned to tag words with BIO tags from CoNLL files
+(:mod:`attnlab.tasks.ner.data`), as transformers' ``run_ner.py`` does it: a linear ``tokens``
+head on the encoder's last layer, trained on each word's first subword, no CRF. Validation
+loss drives early stopping; after training the kept model is scored at the entity level
+(precision, recall, F1: :func:`attnlab.tasks.ner.predict.entity_scores`) on the development
+and test files, whose tags are predicted word by word.
 """
 
 from __future__ import annotations
@@ -16,28 +16,14 @@ from torch import nn
 
 from attnlab import build
 from attnlab.config import ModelConfig
-from attnlab.data.classify import ClassifyBatches, fixed_batches
-from attnlab.data.conll import encode_sentences, read_conll, tag_set
-from attnlab.errors import BadInput, MissingFile
-from attnlab.metrics import entity_scores
-from attnlab.tagging import predict_tags
-from attnlab.training.encoders import from_encoder, token_encoder
+from attnlab.data.labelled import LabelledBatches, fixed_batches
+from attnlab.errors import BadInput
+from attnlab.tasks.ner.data import conll_files, encode_sentences, read_conll, tag_set
+from attnlab.tasks.ner.predict import score
+from attnlab.tasks.pretrained import from_encoder, token_encoder
+from attnlab.training.objectives import Tag
 from attnlab.training.recipes import Prepared, Recipe, write_final
-from attnlab.training.tasks import Tag
 from attnlab.training.train_config import TrainConfig
-
-SPLITS = ("train", "dev", "test")  # DIR/train.txt, DIR/dev.txt, DIR/test.txt
-
-
-def conll_files(folder: str | Path) -> dict[str, Path]:
-    """The CoNLL files of a data folder: ``train.txt`` (required), ``dev.txt`` and
-    ``test.txt`` (each optional)."""
-    folder = Path(folder)
-    if not (folder / "train.txt").is_file():
-        raise MissingFile(f"{folder}: no train.txt (a folder with train.txt, dev.txt and "
-                          "test.txt in CoNLL format)")
-    return {split: folder / f"{split}.txt" for split in SPLITS
-            if (folder / f"{split}.txt").is_file()}
 
 
 @dataclass
@@ -75,7 +61,7 @@ class NERRecipe(Recipe):
                              for split in parts)
                    + f"; tags {tags}; inputs cut to {max_len} tokens")
         return Prepared(config, {"text": tok},
-                        ClassifyBatches(rows["train"], self.batch_size, tok.pad_id,
+                        LabelledBatches(rows["train"], self.batch_size, tok.pad_id,
                                         train_config.seed),
                         Tag(), summary, val_batches=val,
                         state={"base": base.model, "sentences": parts, "max_len": max_len})
@@ -93,9 +79,7 @@ class NERRecipe(Recipe):
         for split in ("dev", "test"):
             sentences = prepared.state["sentences"].get(split)
             if sentences:
-                pred = predict_tags(model, tok, [list(s.words) for s in sentences],
-                                    max_len=prepared.state["max_len"])
-                scores = entity_scores([list(s.tags) for s in sentences], pred)
+                scores = score(model, tok, sentences, max_len=prepared.state["max_len"])
                 results.update({f"{split}_precision": scores.precision,
                                 f"{split}_recall": scores.recall, f"{split}_f1": scores.f1})
         write_final(model, prepared, out_dir, rank)
