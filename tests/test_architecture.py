@@ -17,7 +17,7 @@ PACKAGE = ROOT / "attnlab"
 # bottom to top: a unit may import from its own layer and the layers below it
 LAYERS = [
     {"errors", "version"},
-    {"hardware", "config", "presets", "params"},
+    {"hardware", "config", "presets", "params", "files"},
     {"nn", "tokenizers"},
     {"models"},
     {"interop", "storage", "build", "compression", "cpu"},

@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, read_text_file
+from attnlab.cli.common import UsageError, add_model_arg, add_out_arg
+from attnlab.files import read_text
 
 
 def _size(path: Path) -> int:
@@ -121,7 +122,7 @@ def _importance_batches(args: argparse.Namespace, loaded) -> tuple[list, object]
 
         return batches, loss
     if config.arch == "decoder":
-        ids = torch.tensor(loaded.tokenizer.encode(read_text_file(args.data)))
+        ids = torch.tensor(loaded.tokenizer.encode(read_text(args.data)))
         block = min(args.block, config.context or args.block)
         if len(ids) < block + 1:
             raise UsageError(f"{args.data}: {len(ids)} tokens, fewer than one window of "

@@ -103,7 +103,8 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
 
 def _sequence_level(args: argparse.Namespace, teacher) -> None:
     """Kim and Rush: translate --src with the teacher, train the student on the outputs."""
-    from attnlab.data import Corpus, read_lines
+    from attnlab.data import Corpus
+    from attnlab.files import read_lines
     from attnlab.training.distill import sequence_level_corpus, student_config
     from attnlab.training.recipes import TranslationRecipe, run
     from attnlab.training.schedule import NoamSchedule

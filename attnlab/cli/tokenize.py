@@ -11,8 +11,8 @@ from attnlab.cli.common import UsageError, add_out_arg
 def cmd_tokenize_train(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from attnlab.data import read_lines
     from attnlab.errors import MissingFile
+    from attnlab.files import read_lines
     from attnlab.tokenizers import BPETokenizer
 
     if not Path(args.out).resolve().parent.is_dir():

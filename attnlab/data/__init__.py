@@ -9,9 +9,7 @@ from attnlab.data.parallel import (
     FilterReport,
     filter_by_length,
     load_corpus,
-    read_lines,
     read_parallel,
-    read_text,
 )
 from attnlab.data.stream import (
     ImageBatch,
@@ -24,6 +22,6 @@ from attnlab.data.stream import (
 from attnlab.tokenizers import pad
 
 __all__ = ["LMBatches", "eval_windows", "TranslationBatches", "make_batches", "pad", "english",
-           "german", "numbers_corpus", "FilterReport", "filter_by_length", "read_lines",
+           "german", "numbers_corpus", "FilterReport", "filter_by_length",
            "read_parallel", "TranslationBatch", "LMBatch", "MaskedLMBatch", "LabelledBatch",
-           "ImageBatch", "to_device", "Corpus", "load_corpus", "read_text"]
+           "ImageBatch", "to_device", "Corpus", "load_corpus"]

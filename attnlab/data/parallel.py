@@ -1,48 +1,14 @@
-"""Reading text: whole files and lines (plain or ``.gz``, UTF-8, checked), and line-aligned
-parallel text, where line i of the source file translates line i of the target."""
+"""Parallel corpora: line-aligned text, where line i of the source file translates line i of
+the target (read through :mod:`attnlab.files`), length filtering, and the corpus a translation
+recipe trains and validates on."""
 
 from __future__ import annotations
 
-import gzip
 import os
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from attnlab import config
-from attnlab.errors import BadInput, MissingFile
-
-
-def text_lines(path: str | os.PathLike) -> Iterator[str]:
-    """The lines of a plain or ``.gz`` UTF-8 file (with their newlines); a line that is not
-    UTF-8, or a damaged ``.gz``, is a one-line error naming the file and the line."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise MissingFile(f"file not found: {path}")
-    opener = gzip.open if path.endswith(".gz") else open
-    read = 0  # lines read so far: an error is on line read + 1
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                read += 1
-                yield line
-    except UnicodeDecodeError as e:
-        raise BadInput(f"{path}:{read + 1}: not UTF-8 text ({e.reason})") from None
-    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a damaged .gz stream
-        raise BadInput(f"{path}:{read + 1}: cannot be read ({e})") from None
-
-
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """Lines of a plain or ``.gz`` UTF-8 file, without their newlines."""
-    return [line.rstrip("\n").rstrip("\r") for line in text_lines(path)]
-
-
-def read_text(path: str | os.PathLike) -> str:
-    """A whole UTF-8 text file; a missing, non-UTF-8 or empty file is a one-line error."""
-    text = config.read_text(path, "text file")
-    if not text.strip():
-        raise BadInput(f"{path}: the text file is empty")
-    return text
+from attnlab.errors import BadInput
+from attnlab.files import read_lines
 
 
 def read_parallel(src_path: str | os.PathLike,

@@ -19,8 +19,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from attnlab.config import POOLED_HEADS, ModelConfig, read_json
+from attnlab.config import POOLED_HEADS, ModelConfig
 from attnlab.errors import BadInput, MissingFile
+from attnlab.files import read_json
 
 
 @dataclass

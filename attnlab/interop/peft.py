@@ -36,8 +36,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from attnlab.config import ModelConfig, check_adapter, read_json
+from attnlab.config import ModelConfig, check_adapter
 from attnlab.errors import BadInput, MissingFile, UnsupportedFormat
+from attnlab.files import read_json
 from attnlab.interop.huggingface import FAMILIES, default_type, layer_rows
 from attnlab.nn.adapters import BOTTLENECK_TARGETS, adapters, add_adapters
 

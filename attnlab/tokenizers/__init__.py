@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from attnlab.config import read_json
 from attnlab.errors import BadInput
+from attnlab.files import read_json
 from attnlab.tokenizers.base import (
     KINDS,
     SPECIALS,

@@ -14,8 +14,8 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from attnlab.config import parse_json, read_text
 from attnlab.errors import BadInput, MissingFile
+from attnlab.files import parse_json, read_text
 from attnlab.tokenizers.base import Tokenizer
 
 

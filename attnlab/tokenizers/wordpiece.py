@@ -26,8 +26,8 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from attnlab.config import read_json
 from attnlab.errors import BadInput, MissingFile
+from attnlab.files import read_json, read_text
 from attnlab.tokenizers.base import Tokenizer
 from attnlab.tokenizers.bpe import backend_from_str
 
@@ -99,10 +99,7 @@ class WordPieceTokenizer(Tokenizer):
         config = path.parent / "tokenizer_config.json"
         if config.exists():
             lowercase = bool(read_json(config).get("do_lower_case", True))
-        try:
-            tokens = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            raise BadInput(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        tokens = read_text(path, "vocabulary file").splitlines()
         try:
             return cls.from_vocab(tokens, lowercase=lowercase)
         except BadInput as e:

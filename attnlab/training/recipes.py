@@ -35,9 +35,9 @@ from attnlab.data import (
     TranslationBatches,
     eval_windows,
     filter_by_length,
-    read_text,
 )
 from attnlab.errors import BadInput
+from attnlab.files import read_text
 from attnlab.interop import peft
 from attnlab.storage import list_checkpoints, load_weights, save_model_dir
 from attnlab.tokenizers import (
@@ -231,7 +231,7 @@ class LMRecipe(Recipe):
     int4: bool = False
 
     def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
-        text = read_text(self.text)
+        text = read_text(self.text, "text file", allow_empty=False)
         base = None
         if self.init is not None:
             from attnlab.storage import load
@@ -313,7 +313,8 @@ class MLMRecipe(Recipe):
     def prepare(self, model_config: ModelConfig, train_config: TrainConfig) -> Prepared:
         from attnlab.data.mlm import MLMBatches
 
-        lines = [ln.strip() for ln in read_text(self.text).splitlines() if ln.strip()]
+        text = read_text(self.text, "text file", allow_empty=False)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         if len(lines) < 20:
             raise BadInput(f"{self.text}: {len(lines)} non-empty lines; masked-LM needs at "
                            "least 20")

@@ -115,8 +115,8 @@ def test_bad_text_files(capsys, folders, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("", encoding="utf-8")
     for path, message in ((tmp_path / "missing.txt", "no such file"),
-                          (binary, "not UTF-8 text (byte 3)"), (tmp_path, "a directory"),
-                          (short, "perplexity needs at least 2")):
+                          (binary, ":1: not UTF-8 text (byte 3: unexpected end of data)"),
+                          (tmp_path, "a directory"), (short, "perplexity needs at least 2")):
         r = cli(capsys, "evaluate", "lm", "--model", folders / "run", "--text", path)
         assert_bad_input(r, str(path), message)
 

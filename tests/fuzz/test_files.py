@@ -175,7 +175,7 @@ def test_read_parallel(valid, data):
 @FUZZ
 @given(data=st.data())
 def test_read_lines(valid, data):
-    from attnlab.data import read_lines
+    from attnlab.files import read_lines
 
     blob = data.draw(damaged(valid["src.txt"]))
     with scratch() as d:
@@ -185,7 +185,7 @@ def test_read_lines(valid, data):
 @FUZZ
 @given(data=st.data())
 def test_read_lines_gz(valid, data):
-    from attnlab.data import read_lines
+    from attnlab.files import read_lines
 
     blob = data.draw(gzipped(damaged(valid["src.txt"])))
     with scratch() as d:
@@ -195,8 +195,8 @@ def test_read_lines_gz(valid, data):
 @FUZZ
 @given(data=st.data())
 def test_read_text(valid, data):
-    from attnlab.data import read_text
+    from attnlab.files import read_text
 
     blob = data.draw(damaged(valid["src.txt"]))
     with scratch() as d:
-        holds(read_text, put(d, {"src.txt": blob}) / "src.txt")
+        holds(read_text, put(d, {"src.txt": blob}) / "src.txt", "text file", False)
