@@ -5,11 +5,11 @@ trains with the paper's recipe for a few minutes, is scored by exact match on nu
 saw, and leaves a checkpoint, a loss curve and a cross-attention heatmap under ``runs/demo``.
 
 The recipe is sized for a 2-core CPU *in fp32*, which is what most machines train in (an
-AVX2-only CPU runs bf16 12.5x slower): 1,500 steps of about 4,800 tokens, Adam with the paper's
-betas, a 300-step warmup to 2.5e-3 and then a cosine decay to zero at the last step. Ending at
-a learning rate of zero is what makes 1,500 steps enough: with the paper's inverse-square-root
-decay the rate is still 1.1e-3 at step 1,500 and the exact match wobbles between checkpoints
-(98.3%, 97.3%, 99.7% at steps 1,000 / 1,500 / 2,000 in one run; docs/benchmarks.md).
+AVX2-only CPU emulates bf16, many times slower): 1,500 steps of about 4,800 tokens, Adam with
+the paper's betas, a 300-step warmup to 2.5e-3 and then a cosine decay to zero at the last
+step. Ending at a learning rate of zero is what makes 1,500 steps enough: with the paper's
+inverse-square-root decay the rate is still 1.1e-3 at step 1,500 and the exact match wobbles
+between checkpoints (docs/benchmarks.md).
 """
 
 from __future__ import annotations

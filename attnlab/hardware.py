@@ -4,8 +4,8 @@
 * **precision** ``auto``: bf16 where the hardware runs it natively *and* faster than fp32
   (a CPU with AMX, AVX512-BF16 or ARM BF16 whose bf16 matrix product was measured faster; a
   CUDA GPU that supports bf16); fp16 with dynamic loss scaling on a CUDA GPU without bf16;
-  fp32 everywhere else. On a CPU without native bf16, bf16 is emulated: 12.5x *slower* than
-  fp32 was measured on an AVX2 machine, so it is never chosen there.
+  fp32 everywhere else. On a CPU without native bf16, bf16 is emulated, many times *slower*
+  than fp32 (docs/benchmarks.md), so it is never chosen there.
 
 Native bf16 on a CPU is decided in two steps: the instruction-set flags must list it, and a
 short bf16 vs fp32 matrix-product timing (run once in a child process, cached per machine in

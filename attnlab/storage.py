@@ -142,6 +142,10 @@ def load(spec: str | os.PathLike, int4: bool = False,
         load_adapter(loaded.model, adapter)
     if loaded.config.adapter:
         _fold_adapters(loaded.model)
+    # integer layers (a quantised folder, --int4/--int8, a GGUF's codes) on attnlab's kernels
+    from attnlab.cpu.integer import integer_kernels_
+
+    integer_kernels_(loaded.model)
     return loaded
 
 

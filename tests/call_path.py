@@ -8,10 +8,13 @@ two lists of files under ``attnlab/``:
 * **called**: files in which a function or method ran for the command (not while a module was
   being imported: a call with a module body on the stack is import-time work);
 * **imported only**: files whose module body ran (their classes and functions were defined)
-  but none of whose functions were called.
+  but none of whose functions were called;
+* **climbs back**: functions of ``cli/`` called from a frame of the decoding layers below it
+  (a callback into the command: the decoding pipeline should need none).
 
-``nn/`` files are counted apart: the developers' guide keeps its one-concept files and counts
-the redesign's "at most 10 files" outside ``nn/``. The command's own output goes to stdout as
+``nn/`` and ``cpu/`` files are counted apart: the developers' guide keeps nn/'s one-concept
+files, and the CPU decoding engine is the speed machinery beside them; the "at most 10 files"
+of a command's path is counted outside both. The command's own output goes to stdout as
 usual; the report goes to stderr, or as JSON to ``--json FILE``.
 """
 
@@ -22,12 +25,15 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "attnlab"
+# the layers a command calls down into, which never call back up into cli/
+LOWER = ("generation/", "cpu/", "serving/", "nn/", "models/")
 
 
 def trace(argv: list[str]) -> tuple[int, dict[str, list[str]]]:
     """Run ``attnlab argv``; its exit code, and the files called and only imported."""
     called: set[str] = set()
     imported: set[str] = set()
+    climbs: set[str] = set()  # cli/ functions called from below (generation/, cpu/, serving/)
     root = str(PACKAGE) + "/"
     here = sys._getframe()  # the walk up the stack stops here
 
@@ -45,6 +51,14 @@ def trace(argv: list[str]) -> tuple[int, dict[str, list[str]]]:
                 return
             caller = caller.f_back
         called.add(rel)
+        if rel.startswith("attnlab/cli/"):
+            caller = frame.f_back
+            while caller is not None and caller is not here:
+                below = caller.f_code.co_filename[len(root):]
+                if caller.f_code.co_filename.startswith(root) and below.startswith(LOWER):
+                    climbs.add(f"{rel}:{frame.f_code.co_name} from attnlab/{below}")
+                    break
+                caller = caller.f_back
 
     sys.setprofile(hook)
     try:
@@ -53,10 +67,13 @@ def trace(argv: list[str]) -> tuple[int, dict[str, list[str]]]:
         code = main(argv)
     finally:
         sys.setprofile(None)
-    outside = sorted(f for f in called if not f.startswith("attnlab/nn/"))
+    apart = ("attnlab/nn/", "attnlab/cpu/")
+    outside = sorted(f for f in called if not f.startswith(apart))
     return code, {"called": outside,
                   "called_nn": sorted(f for f in called if f.startswith("attnlab/nn/")),
-                  "imported_only": sorted(imported - called)}
+                  "called_cpu": sorted(f for f in called if f.startswith("attnlab/cpu/")),
+                  "imported_only": sorted(imported - called),
+                  "climbs_back": sorted(climbs)}
 
 
 def main() -> int:
@@ -68,11 +85,14 @@ def main() -> int:
     if out:
         Path(out).write_text(json.dumps(files, indent=1))
     else:
-        print(f"\nfunctions ran in {len(files['called'])} files outside nn/:", file=sys.stderr)
+        print(f"\nfunctions ran in {len(files['called'])} files outside nn/ and cpu/:",
+              file=sys.stderr)
         for f in files["called"]:
             print(f"  {f}", file=sys.stderr)
         print(f"and in {len(files['called_nn'])} files of nn/: "
               f"{', '.join(Path(f).name for f in files['called_nn'])}", file=sys.stderr)
+        print(f"and in {len(files['called_cpu'])} files of cpu/: "
+              f"{', '.join(Path(f).name for f in files['called_cpu'])}", file=sys.stderr)
         print(f"imported only (module body ran, no function called): "
               f"{len(files['imported_only'])} files", file=sys.stderr)
     return code

@@ -21,8 +21,8 @@ LAYERS = [
     {"nn", "tokenizers"},
     {"models"},
     {"interop", "storage", "build", "compression", "cpu"},
-    {"data", "generation", "encoding", "viz", "explain", "training", "metrics", "fewshot",
-     "serving", "tagging", "qa"},
+    {"data", "generation", "encoding", "sentence_encoder", "viz", "explain", "training",
+     "metrics", "serving"},
     {"tasks"},
     {"demo"},
     {"cli"},
@@ -163,3 +163,31 @@ def test_every_module_imports_on_its_own():
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+
+
+def test_the_teaching_blocks_hold_no_kernels():
+    """nn/ reads like the course: no C++ source, no kernel loader, no call of attnlab's own ops
+    and no import of the CPU engine (attnlab/cpu/), which imports nn/ and is applied from
+    beside a built model."""
+    nn_dir = PACKAGE / "nn"
+    assert sorted(p.name for p in nn_dir.iterdir() if p.suffix in (".cpp", ".h", ".cu")) == []
+    for path in nn_dir.rglob("*.py"):
+        text = path.read_text()
+        for marker in ("torch.ops.attnlab", "cpp_extension", "attnlab.cpu"):
+            code = [line for line in text.splitlines()
+                    if marker in line and not line.lstrip().startswith(("#", ":", "`"))
+                    and "`" not in line]
+            assert code == [], f"{path.name}: {marker}: {code}"
+    graph = import_graph()
+    assert [f"{s} -> {t}" for s, targets in graph.items() if unit(s) == "nn"
+            for t in targets if unit(t) == "cpu"] == []
+    assert any(unit(t) == "nn" for s, targets in graph.items() if unit(s) == "cpu"
+               for t in targets), "the engine is built on nn/'s blocks"
+    assert sorted(p.name for p in (PACKAGE / "cpu" / "csrc").iterdir()) == [
+        "decode_attention.cpp", "float_kernels.cpp", "int_kernels.cpp", "vectors.h"]
+
+
+def test_tasks_sit_below_the_cli_and_above_training_and_data():
+    assert LAYER["tasks"] < LAYER["cli"] and LAYER["tasks"] < LAYER["demo"]
+    assert LAYER["tasks"] > max(LAYER["training"], LAYER["data"], LAYER["generation"])
+    assert LAYER["cpu"] > LAYER["nn"] and LAYER["cpu"] < LAYER["generation"]

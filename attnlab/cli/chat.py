@@ -26,10 +26,8 @@ from attnlab.cli.common import (
     add_runtime_args,
     announce,
     check_decoding_args,
-    compiled_step,
-    decoding_runtime,
+    decoding_options,
     sampling_seed,
-    timing_line,
     warn_unknown,
 )
 from attnlab.errors import BadInput
@@ -88,31 +86,29 @@ class Conversation:
 def cmd_chat(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab.cpu import for_decoding
     from attnlab.generation.chat import chat_template_for, stop_token_ids
-    from attnlab.generation.decode import generate
-    from attnlab.generation.streams import StopStream
+    from attnlab.generation.pipeline import Decoding, Interrupted, decoding_runtime
     from attnlab.storage import load
 
     started = time.perf_counter()
     if args.chat_template is not None and not Path(args.chat_template).is_file():
         raise UsageError(f"--chat-template {args.chat_template}: no such file")
-    device, precision, what = decoding_runtime(args)
-    check_decoding_args(args, torch.zeros(1, 1, dtype=torch.long))  # before the model loads
+    options = decoding_options(args)
+    runtime = decoding_runtime(options)
+    check_decoding_args(args, None, torch.zeros(1, 1, dtype=torch.long))  # before loading
     loaded = load(args.model, int4=args.int4, int8=args.int8,
                   adapter=args.adapter).expect("decoder", "chat")
     template = chat_template_for(loaded, args.chat_template)
-    tok = loaded.tokenizer
-    model = for_decoding(loaded.model, device, precision, args.int4 or args.int8,
-                         kv_cache=args.kv_cache)
+    decoding = Decoding(loaded, options, runtime)  # compiled by default: a conversation pays
+    tok = decoding.tokenizer
     load_s = time.perf_counter() - started
     stops = template.stop_strings
     stop_ids = stop_token_ids(tok, stops)
-    chat = Conversation(template, tok, args.system, model.config.context, args.max_new_tokens)
+    chat = Conversation(template, tok, args.system, decoding.model.config.context,
+                        args.max_new_tokens)
     chat.check()
-    announce(args, loaded.path, device, what)
-    generator = torch.Generator(device=device).manual_seed(sampling_seed(args))
-    compiled = compiled_step(args)  # on by default: a conversation pays for the compile
+    announce(args, loaded.path, runtime.device, runtime.label)
+    generator = torch.Generator(device=runtime.device).manual_seed(sampling_seed(args))
     while (line := _read_line()) is not None:
         text = line.strip()
         if not text:
@@ -129,23 +125,17 @@ def cmd_chat(args: argparse.Namespace) -> None:
             # template, which prompt() took back); the conversation goes on
             print(f"attnlab chat: error: {e}", file=sys.stderr)
             continue
-        stream = StopStream(tok, stops, stop_ids, skip_special=False)
-        begun = time.perf_counter()
-        compiled_before = 0.0 if compiled is None else compiled.compile_seconds
         try:
-            generate(model, torch.tensor([ids], device=device), args.max_new_tokens,
-                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                     repetition_penalty=args.repetition_penalty, eos_id=tok.eos_id,
-                     generator=generator, on_token=stream, compiled=compiled)
-        except KeyboardInterrupt:  # Ctrl-C ends the reply, not the conversation
+            reply = decoding.decode(ids, stops, stop_ids, eos_id=tok.eos_id, generator=generator,
+                                    skip_special=False)
+        except Interrupted as stopped:  # Ctrl-C ends the reply, not the conversation
             print("\nattnlab chat: reply interrupted", file=sys.stderr)
-        chat.turns.append({"role": "assistant", "content": stream.finish()})
+            reply = stopped.reply
+        chat.turns.append({"role": "assistant", "content": reply.text})
         sys.stdout.write("\n")
         sys.stdout.flush()
         if not args.quiet:  # the load time counts once, on the first reply
-            compile_s = 0.0 if compiled is None else compiled.compile_seconds - compiled_before
-            print(timing_line(load_s, compile_s, len(ids), begun, stream.ticks),
-                  file=sys.stderr)
+            print(reply.timing(load_s), file=sys.stderr)
             load_s = 0.0
 
 

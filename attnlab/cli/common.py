@@ -340,61 +340,61 @@ def add_compile_arg(p: argparse.ArgumentParser, default: bool = False) -> None:
 
 
 def compiled_step(args: argparse.Namespace, encoder_decoder: bool = False):
-    """The :class:`~attnlab.generation.compiled.CompiledStep` that ``--compile`` asks for (of
-    the encoder–decoder's step with ``encoder_decoder``), or None (nothing is compiled,
-    nothing imported)."""
-    if not args.compile:
-        return None
-    from attnlab.generation.compiled import CompiledStep, encoder_decoder_token, one_token
+    """The compiled one-token step that ``--compile`` asks for, or None
+    (:func:`attnlab.generation.pipeline.compiled_step`)."""
+    from attnlab.generation.pipeline import compiled_step as step
 
-    return CompiledStep(function=encoder_decoder_token if encoder_decoder else one_token)
+    return step(args.compile, encoder_decoder)
+
+
+def decoding_options(args: argparse.Namespace, rows: int = 1):
+    """The :class:`~attnlab.generation.pipeline.DecodingOptions` of a decoding command's flags
+    (those of :func:`add_decoding_args`; ``serve`` has no sampling flags: each request brings
+    its own). ``--int4``/``--int8`` with a ``--precision`` other than bf16 is refused."""
+    from attnlab.generation.pipeline import DecodingOptions
+
+    bits = integer_bits(args)
+    if bits and args.precision not in (None, "auto", "bf16"):
+        raise UsageError(f"--int{bits} sets its own precision (integer weights, float32 "
+                         f"activations); drop --precision {args.precision}")
+    sampling = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p",
+                                                "repetition_penalty") if hasattr(args, k)}
+    return DecodingOptions(device=args.device, precision=args.precision, bits=bits,
+                           kv_cache=getattr(args, "kv_cache", None),
+                           compile=getattr(args, "compile", False), rows=rows, **sampling)
 
 
 def decoding_runtime(args: argparse.Namespace) -> tuple[torch.device, str, str]:
-    """``(device, precision, what announce says)`` of a decoding command: :func:`runtime`,
-    except that ``--int4``/``--int8`` run on the CPU (the integer kernels are CPU ones)."""
-    bits = integer_bits(args)
-    if bits:
-        if args.precision not in (None, "auto", "bf16"):
-            raise UsageError(f"--int{bits} sets its own precision (integer weights, float32 "
-                             f"activations); drop --precision {args.precision}")
-        args.device = "cpu" if args.device == "auto" else args.device
-    device, precision = runtime(args)
-    if bits:
-        return device, precision, integer_label(bits) + kv_cache_label(args)
-    from attnlab.cpu import kernels as cpu_kernels
+    """``(device, precision, what announce says)`` of a decoding command
+    (:func:`attnlab.generation.pipeline.decoding_runtime`): integer weights run on the CPU."""
+    from attnlab.generation.pipeline import decoding_runtime as pick
 
-    label = precision
-    if device.type == "cpu" and precision != "fp32" and cpu_kernels.available():
-        label = f"{precision} weights, float32 activations"  # (for_decoding)
-    return device, precision, label + kv_cache_label(args)
-
-
-def kv_cache_label(args: argparse.Namespace) -> str:
-    """What ``announce`` adds for ``--kv-cache``: nothing without it."""
-    kv = getattr(args, "kv_cache", None)
-    return f", {kv} KV cache" if kv else ""
+    found = pick(decoding_options(args))
+    if integer_bits(args) and args.device == "auto":
+        args.device = "cpu"
+    return found.device, found.precision, found.label
 
 
 def integer_label(bits: int) -> str:
-    """What ``announce`` says of an integer model: its weights, the dtype of its float
-    matrices (bfloat16 where the CPU runs it natively, else float32) and, on attnlab's CPU
-    kernels, float32 activations (``for_decoding``)."""
-    from attnlab.cpu import kernels as cpu_kernels
-    from attnlab.nn.quantized import float_dtype
+    """What ``announce`` says of an integer model
+    (:func:`attnlab.generation.pipeline.integer_label`)."""
+    from attnlab.generation.pipeline import integer_label as label
 
-    label = f"int{bits} weights, {str(float_dtype()).removeprefix('torch.')} float matrices"
-    return label + (", float32 activations" if cpu_kernels.available() else "")
+    return label(bits)
 
 
-def check_decoding_args(args: argparse.Namespace, ids: torch.Tensor) -> None:
-    """``check_decoding`` on the options of :func:`add_decoding_args`, its error naming the
-    flag rather than the keyword argument."""
+def check_decoding_args(args: argparse.Namespace, decoding, ids) -> None:
+    """The decoding pipeline's check of ``ids`` and the sampling settings, its error naming the
+    flag rather than the keyword argument (``decoding``: a
+    :class:`~attnlab.generation.pipeline.Decoding`, or None to check the options alone)."""
     from attnlab.generation.sampling import check_decoding
 
     try:
-        check_decoding(ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                       args.repetition_penalty)
+        if decoding is not None:
+            decoding.check(ids)
+        else:
+            check_decoding(ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                           args.repetition_penalty)
     except ValueError as e:
         name, rest = str(e).split(" ", 1)
         raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
@@ -431,24 +431,3 @@ def report_run(out: str | Path, history: list[dict], what: str = "validation los
             print(f"{what} {val[-1]:.4f} after {history[-1]['step']} steps")
         print(where or f"checkpoints in {out / 'checkpoints'}")
     distributed.shutdown()
-
-
-# --- timing ----------------------------------------------------------------------------------
-def timing_line(load_s: float, compile_s: float, prompt_tokens: int, begun: float,
-                ticks: list[float]) -> str:
-    """``timing: load 1.23 s | compile 0.00 s | prompt 9 tokens, 312.4 tokens/s | generated
-    256 tokens, 171.0 tokens/s``. The prompt's rate is its tokens over the time to the first
-    new token (the prompt's forward pass and that token's choice); the generated rate is the
-    tokens after the first over the time they took, one forward pass each, as llama.cpp counts
-    them (with one token, its own time)."""
-    def rate(n: int, seconds: float) -> float:
-        return n / seconds if seconds > 0 else float("inf")
-
-    n = len(ticks)
-    prompt = rate(prompt_tokens, ticks[0] - begun) if n else 0.0  # 0 new tokens: none ran
-    if n > 1:  # (a compile happens between the first and second new token: not counted)
-        generated = rate(n - 1, ticks[-1] - ticks[0] - compile_s)
-    else:
-        generated = rate(n, ticks[0] - begun) if n else 0.0
-    return (f"timing: load {load_s:.2f} s | compile {compile_s:.2f} s | prompt {prompt_tokens} "
-            f"tokens, {prompt:.1f} tokens/s | generated {n} tokens, {generated:.1f} tokens/s")

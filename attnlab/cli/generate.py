@@ -18,10 +18,8 @@ from attnlab.cli.common import (
     add_runtime_args,
     announce,
     check_decoding_args,
-    compiled_step,
-    decoding_runtime,
+    decoding_options,
     sampling_seed,
-    timing_line,
     warn_unknown,
 )
 
@@ -29,27 +27,23 @@ from attnlab.cli.common import (
 def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab.cpu import for_decoding
-    from attnlab.generation.decode import generate
-    from attnlab.generation.streams import StopStream
+    from attnlab.generation.pipeline import Decoding, decoding_runtime
     from attnlab.storage import load
 
     started = time.perf_counter()
-
     drafting = _check_drafting(args)
     if drafting and args.compile:
         raise UsageError("--compile compiles plain decoding's one-token step; drop it with "
                          "--draft or --prompt-lookup")
     if args.draft_int4:  # PyTorch's 4-bit kernel is a CPU one
         args.device = "cpu" if args.device == "auto" else args.device
-    device, precision, what = decoding_runtime(args)
+    options = decoding_options(args)
+    runtime = decoding_runtime(options)
     loaded = load(args.model, int4=args.int4, int8=args.int8,
                   adapter=args.adapter).expect("decoder", "generate")
-    tok = loaded.tokenizer
-    model = for_decoding(loaded.model, device, precision, args.int4 or args.int8,
-                         kv_cache=args.kv_cache)
-    draft, draft_label = (None, "") if args.draft is None else \
-        _load_draft(args, device, precision, tok)
+    decoding = Decoding(loaded, options, runtime)
+    tok, model = decoding.tokenizer, decoding.model
+    draft, draft_label = (None, "") if args.draft is None else _load_draft(args, runtime, tok)
     loaded_in = time.perf_counter() - started
     warn_unknown(tok, [args.prompt], "--prompt")
     ids = tok.encode(args.prompt)
@@ -65,54 +59,31 @@ def cmd_generate(args: argparse.Namespace) -> None:
                              f"{context} ({_context_source(model.config)}); pass --truncate to "
                              "keep its last tokens")
         ids = ids[-context:]
-    check_decoding_args(args, torch.tensor([ids]))  # before anything is printed
+    check_decoding_args(args, decoding, ids)  # before anything is printed
     if drafting:
         from attnlab.generation.speculative import check_speculative
 
-        check_speculative(model, len(ids), args.max_new_tokens, args.draft_tokens,
-                          draft)
+        check_speculative(model, len(ids), args.max_new_tokens, args.draft_tokens, draft)
     running = loaded.path if draft is None else f"{loaded.path} with draft {draft_label}"
-    announce(args, running, device, what)
-    generator = torch.Generator(device=device).manual_seed(sampling_seed(args))
+    announce(args, running, runtime.device, runtime.label)
+    generator = torch.Generator(device=runtime.device).manual_seed(sampling_seed(args))
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
-    stream = StopStream(tok, stops)  # its ticks: when each new token was ready
-    compiled = compiled_step(args)
-    if compiled is not None and context is not None and len(ids) + args.max_new_tokens > context:
+    if (decoding.compiled is not None and context is not None
+            and len(ids) + args.max_new_tokens > context):
         print(f"attnlab generate: warning: --compile: {len(ids)} prompt tokens + "
               f"{args.max_new_tokens} new exceed the model's context of {context}; decoding "
               "eagerly (each step past it runs the last context tokens again)", file=sys.stderr)
-
-    def stream_chunk(new_ids) -> bool:  # speculative steps bring several tokens: one by one,
-        for n in range(len(stream.ticks) + 1, new_ids.shape[1] + 1):  # as plain decoding does
-            if stream(new_ids[:, :n]):
-                return True
-        return False
-
     sys.stdout.write(args.prompt)
-    eos = None if args.ignore_eos else tok.eos_id
-    begun = time.perf_counter()
-    prompt = torch.tensor([ids], device=device)
-    if drafting:
-        from attnlab.generation.speculative import prompt_lookup_generate, speculative_generate
-
-        if draft is None:
-            result = prompt_lookup_generate(model, prompt, args.max_new_tokens, args.draft_tokens,
-                                            args.lookup_ngram, eos_id=eos, on_token=stream_chunk)
-        else:
-            result = speculative_generate(model, draft, prompt, args.max_new_tokens,
-                                          args.draft_tokens, eos_id=eos, on_token=stream_chunk)
-    else:
-        generate(model, prompt, args.max_new_tokens, temperature=args.temperature,
-                 top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-                 eos_id=eos, generator=generator, on_token=stream, compiled=compiled)
-    stream.finish()
+    reply = decoding.decode(ids, stops, eos_id=None if args.ignore_eos else tok.eos_id,
+                            generator=generator, draft=draft, prompt_lookup=args.prompt_lookup,
+                            draft_tokens=args.draft_tokens or 0,
+                            lookup_ngram=args.lookup_ngram or 0)
     sys.stdout.write("\n")
     sys.stdout.flush()
     if not getattr(args, "quiet", False):
-        compile_s = 0.0 if compiled is None else compiled.compile_seconds
-        print(timing_line(loaded_in, compile_s, len(ids), begun, stream.ticks), file=sys.stderr)
-        if drafting:
-            print(result.summary(), file=sys.stderr)
+        print(reply.timing(loaded_in), file=sys.stderr)
+        if reply.speculation is not None:
+            print(reply.speculation.summary(), file=sys.stderr)
 
 
 def _check_drafting(args: argparse.Namespace) -> bool:
@@ -146,7 +117,7 @@ def _check_drafting(args: argparse.Namespace) -> bool:
     return True
 
 
-def _load_draft(args: argparse.Namespace, device, precision: str, tok) -> tuple[object, str]:
+def _load_draft(args: argparse.Namespace, runtime, tok) -> tuple[object, str]:
     """The ``--draft`` model, prepared as the model is (``--draft-int4``: 4-bit), and what to
     call it; one line if its tokenizer's token table is not the model's."""
     from attnlab.cpu import for_decoding
@@ -165,7 +136,7 @@ def _load_draft(args: argparse.Namespace, device, precision: str, tok) -> tuple[
                 raise UsageError(f"--draft {args.draft}: token {i} is {other!r} there and "
                                  f"{mine!r} in the model's tokenizer; a draft must share the "
                                  "model's tokenizer")
-    model = for_decoding(loaded.model, device, precision, args.draft_int4,
+    model = for_decoding(loaded.model, runtime.device, runtime.precision, args.draft_int4,
                          kv_cache=args.kv_cache)
     return model, f"{loaded.path}{' (int4 weights)' if args.draft_int4 else ''}"
 

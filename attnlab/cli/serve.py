@@ -25,9 +25,7 @@ from attnlab.cli.common import (
     add_model_arg,
     add_runtime_args,
     announce,
-    compiled_step,
-    decoding_runtime,
-    timing_line,
+    decoding_options,
 )
 
 
@@ -86,21 +84,22 @@ def build_service(args: argparse.Namespace):
     """The :class:`~attnlab.serving.app.Service` of ``--model``: a decoder behind the batching
     engine (with its chat template, if any), or an encoder for embeddings."""
     from attnlab.errors import MissingFile
+    from attnlab.generation.pipeline import Decoding, decoding_runtime, timing_line
     from attnlab.serving.app import Service
     from attnlab.storage import load
 
-    device, precision, what = decoding_runtime(args)
+    options = decoding_options(args, rows=args.max_batch)
+    runtime = decoding_runtime(options)
+    device, precision = runtime.device, runtime.precision
     loaded = load(args.model, int4=args.int4, int8=args.int8, adapter=args.adapter)
     name = args.name or (args.model if not os.path.exists(args.model)
                          else os.path.basename(os.path.normpath(args.model)))
     common = dict(name=name, tokenizer=loaded.tokenizer, token_limit=args.max_tokens,
                   request_timeout=args.request_timeout, timing=timing_line)
     if loaded.kind == "decoder":
-        from attnlab.cpu import for_decoding
         from attnlab.serving.engine import Engine
 
-        model = for_decoding(loaded.model, device, precision, args.int4 or args.int8,
-                             rows=args.max_batch, kv_cache=args.kv_cache)
+        decoding = Decoding(loaded, options, runtime)
         template = None
         try:
             from attnlab.generation.chat import chat_template_for
@@ -112,9 +111,9 @@ def build_service(args: argparse.Namespace):
             if not args.quiet:
                 print(f"attnlab serve: note: no chat template ({e}); "
                       "/v1/chat/completions is off", file=sys.stderr)
-        announce(args, loaded.path, device, what)
+        announce(args, loaded.path, device, runtime.label)
         context = loaded.config.context or loaded.config.max_len
-        engine = Engine(model, args.max_batch, compiled=compiled_step(args)).start()
+        engine = Engine(decoding.model, args.max_batch, compiled=decoding.compiled).start()
         if engine.compiled is not None:
             if not args.quiet:
                 print("attnlab serve: compiling the decoding step (--no-compile skips it)",

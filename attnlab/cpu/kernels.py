@@ -19,8 +19,8 @@ below it (docs/benchmarks.md). ``int_kernels.cpp``, for
   ``x̂ = s_x · q_x``, ``s_x = max |x| / 32767``, and the offsets take the exact float ``Σ x``.
   So ``|y − x · Ŵᵀ| ≤ ½ Σ_chunks s_x · Σ_k |s · c|`` plus float32 rounding: a step of
   2⁻¹⁵ of the chunk's largest input, against bf16's 2⁻⁹ of each input's own size (finer for
-  inputs within 64x of their chunk's largest; on SmolLM2 the logits moved half as much as
-  with bf16 activations; llama.cpp rounds ``x`` to 8 bits here, which moved them 4x more).
+  inputs within 64x of their chunk's largest; llama.cpp rounds ``x`` to 8 bits here, a
+  coarser step; docs/benchmarks.md compares the logits of the three).
 
 ``float_kernels.cpp``: ``float_matmul(x, weight, bias)``, ``y = x · Wᵀ + b`` for a few rows,
 ``W (out, in)`` row-major float32, float16 or bfloat16 (widened to float32 as it is read), the

@@ -32,7 +32,7 @@ encoder–decoder's also per source length, which ``translate`` pads to a multip
 :data:`~attnlab.generation.seq2seq.SOURCE_BUCKET`); inductor's caches persist on disk
 between runs, while Dynamo traces the step again in each process (the compile time the CLI
 reports). Each call checks Dynamo's guards, some 2,500 over the model's modules, weights and
-the cache (1.1 ms of a 12 ms bf16 SmolLM2 token on a CPU): a request's first step checks them
+the cache (a noticeable share of a small model's token on a CPU): a request's first step checks them
 all, its later steps, whose model and objects the loop itself keeps, only those that tell the
 graphs apart (``CompiledStep(..., again=True)``).
 """
@@ -133,8 +133,8 @@ class CompiledStep:
         device = next(a.device.type for a in args if isinstance(a, Tensor))
         if device not in self._compiled:
             graphs = device == "cuda" and self.backend == "inductor"
-            # Inductor's wrapper checks each input's size and alignment at every call, ~1 µs
-            # each and ~900 a token for SmolLM2: Dynamo's guards have checked them already
+            # Inductor's wrapper checks each input's size and alignment at every call, some 900
+            # checks a token for SmolLM2: Dynamo's guards have checked them already
             options = None
             if self.backend == "inductor" and not graphs:  # (those this torch knows)
                 known = torch._inductor.config
@@ -163,7 +163,7 @@ class CompiledStep:
         the same objects, of the same shapes, as its previous call, which ran every guard (a
         request's later tokens). Dynamo then runs only the guards that tell this function's
         graphs apart (``skip_guard_eval_unsafe``: nothing it skips can have changed), where
-        all of them took 1.1 ms of a 12 ms compiled bf16 SmolLM2 token on a 2-core Zen 4.
+        all of them are a noticeable share of a compiled small model's token on a CPU.
         Dynamo's stance is the process's: the steps of every ``CompiledStep`` run one at a
         time, and a stance the user set (``force_eager``, …) is kept; another compiled
         function that a thread of the caller's own runs meanwhile would skip its guards too.

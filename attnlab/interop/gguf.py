@@ -195,7 +195,7 @@ def q4_1_codes(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 def dequantize(gguf, t) -> torch.Tensor:
     """A tensor's float32 values, in the ``gguf`` package's shape (``(out, in)`` for a matrix):
     Q4_1 and Q8_0 matrices (SmolLM2's) decoded here in whole-array steps, the same numbers as
-    the package's ``dequantize``, which takes 2 s over SmolLM2's blocks; anything else by it.
+    the package's ``dequantize``, which loops over the blocks in Python; anything else by it.
     Q8_0's block is 34 bytes, a float16 scale then 32 int8 codes: ``W = scale · code``."""
     kind = t.tensor_type
     if kind == gguf.GGMLQuantizationType.Q4_1 and t.data.ndim == 2:
@@ -246,7 +246,7 @@ def load_gguf(path: str | os.PathLike, quantized: bool = False):
                 w = _unpermute(w, config.kv_heads)
             state[f"blocks.layers.{i}.{_LAYER[kind]}"] = w
     # every weight comes from the file: no random initialisation (of 135M numbers, for
-    # SmolLM2, 3–4 s on two cores) of a model about to be overwritten
+    # SmolLM2) of a model about to be overwritten
     from attnlab import build
 
     model = build.materialize(build.skeleton(config))

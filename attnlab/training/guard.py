@@ -14,7 +14,7 @@ clean stop on SIGTERM / SIGINT.
   published, and the previous checkpoint stays the newest complete one. Under torchrun every
   worker may get the same signal twice (from the scheduler and from torchrun, which forwards
   its own), so there repeats are ignored and the ranks wait for rank 0's checkpoint before
-  they stop (torchrun gives its workers 30 s after forwarding a signal). A signal that the
+  they stop (torchrun gives its workers a grace period after forwarding a signal). A signal that the
   process was started to ignore (``SIG_IGN``, e.g. SIGINT of a background job) stays ignored.
 """
 

@@ -1,17 +1,19 @@
 """The short call path of docs/architecture.md: inference runs code in at most 10 attnlab files
-outside nn/, never in training/ or data/, and in no other command's module."""
+outside nn/ and the CPU engine (cpu/), never in training/, data/ or tasks/, in no other
+command's module, and never calls back up into cli/ from the decoding layers."""
 
 from __future__ import annotations
 
 from tests.call_path import trace
 
-INFERENCE_FORBIDDEN = ("attnlab/training/", "attnlab/data/")
+INFERENCE_FORBIDDEN = ("attnlab/training/", "attnlab/data/", "attnlab/tasks/")
 
 
 def _check(files: dict[str, list[str]], command_module: str) -> None:
     called = files["called"]
     assert len(called) <= 10, called
     assert not [f for f in called if f.startswith(INFERENCE_FORBIDDEN)], called
+    assert files["climbs_back"] == []
     cli = [f for f in called if f.startswith("attnlab/cli/")]
     assert sorted(cli) == ["attnlab/cli/__init__.py", "attnlab/cli/common.py", command_module]
 
@@ -26,4 +28,13 @@ def test_generate_runs_in_at_most_ten_files(lm_run, capsys):
     code, files = trace(["generate", "--model", str(lm_run), "--prompt", "to be",
                          "--max-new-tokens", "5", "--device", "cpu"])
     assert code == 0 and capsys.readouterr().out.startswith("to be")
+    _check(files, "attnlab/cli/generate.py")
+
+
+def test_speculative_generate_never_calls_back_into_the_cli(lm_run, capsys):
+    """Speculative steps bring several tokens at once; the decoding pipeline feeds them to the
+    text stream itself (a callback into cli/generate.py did that before)."""
+    code, files = trace(["generate", "--model", str(lm_run), "--prompt", "to be to be",
+                         "--max-new-tokens", "6", "--device", "cpu", "--prompt-lookup"])
+    assert code == 0 and capsys.readouterr().out.startswith("to be to be")
     _check(files, "attnlab/cli/generate.py")

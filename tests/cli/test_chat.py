@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import attnlab.generation.decode as decoder_only
+import attnlab.generation.pipeline as pipeline
 from attnlab.build import build_model
 from attnlab.config import ModelConfig
 from attnlab.generation.decode import generate  # (chat's own is recorded in the tests)
@@ -74,7 +74,7 @@ def chat(capsys, monkeypatch, lines: str, *args):
         calls.append((model, ids[0].tolist(), out[0].tolist()))
         return out
 
-    monkeypatch.setattr(decoder_only, "generate", recording)
+    monkeypatch.setattr(pipeline, "generate", recording)
     monkeypatch.setattr("sys.stdin", io.StringIO(lines))
     return cli(capsys, "chat", *args), calls
 

@@ -1,0 +1,233 @@
+"""One decoding pipeline for ``generate``, ``chat`` and ``serve``: built once from a loaded
+decoder-only model and the decoding options, then used for every prompt.
+
+    prepare   the device and precision, the model on the CPU engine (``attnlab.cpu``),
+              the compiled one-token step if asked
+    check     the prompt and the sampling settings, before anything is printed
+    decode    ``generate`` (or speculative decoding), one sampling step a token
+    stream    the reply's text as it grows, held back at a partial character or stop string
+    time      the load, compile, prompt and generated rates, as llama.cpp counts them
+
+The command-line layer parses flags into :class:`DecodingOptions` and prints what this returns;
+nothing here knows about flags or reaches back into ``cli/``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TextIO
+
+import torch
+from torch import Tensor
+
+from attnlab.errors import BadInput
+from attnlab.generation.decode import generate
+from attnlab.generation.sampling import check_decoding
+from attnlab.generation.streams import StopStream
+
+if TYPE_CHECKING:
+    from attnlab.generation.compiled import CompiledStep
+    from attnlab.storage import Loaded
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """What a decoding command asks for. ``precision`` None or "auto": the hardware decides;
+    ``bits`` 4 or 8: integer weight matrices (on the CPU); ``rows``: sequences decoded
+    together (a server's batch); ``kv_cache``: the KV cache's dtype."""
+
+    device: str = "auto"
+    precision: str | None = None
+    bits: int | None = None
+    kv_cache: str | None = None
+    compile: bool = False
+    rows: int = 1
+    max_new_tokens: int = 100
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and in what decoding computes, and how the announce line says it."""
+
+    device: torch.device
+    precision: str
+    label: str
+
+
+def decoding_runtime(options: DecodingOptions) -> Runtime:
+    """The device and precision of ``options``: integer weights run on the CPU (the integer
+    kernels are CPU ones) in their own precision (a conflicting ``precision`` is refused)."""
+    from attnlab import hardware
+    from attnlab.cpu import kernels
+
+    device_asked = options.device
+    if options.bits:
+        if options.precision not in (None, "auto", "bf16"):
+            raise BadInput(f"--int{options.bits} sets its own precision (integer weights, "
+                           f"float32 activations); drop --precision {options.precision}")
+        device_asked = "cpu" if device_asked == "auto" else device_asked
+    device = hardware.pick_device(device_asked)
+    precision = hardware.pick_precision(options.precision, device)
+    kv = f", {options.kv_cache} KV cache" if options.kv_cache else ""
+    if options.bits:
+        return Runtime(device, precision, integer_label(options.bits) + kv)
+    label = precision
+    if device.type == "cpu" and precision != "fp32" and kernels.available():
+        label = f"{precision} weights, float32 activations"  # (for_decoding)
+    return Runtime(device, precision, label + kv)
+
+
+def integer_label(bits: int) -> str:
+    """What the announce line says of an integer model: its weights, the dtype of its float
+    matrices (bfloat16 where the CPU runs it natively, else float32) and, on attnlab's CPU
+    kernels, float32 activations (``for_decoding``)."""
+    from attnlab.cpu import kernels
+    from attnlab.nn.quantized import float_dtype
+
+    label = f"int{bits} weights, {str(float_dtype()).removeprefix('torch.')} float matrices"
+    return label + (", float32 activations" if kernels.available() else "")
+
+
+def compiled_step(compile: bool, encoder_decoder: bool = False) -> CompiledStep | None:
+    """The :class:`~attnlab.generation.compiled.CompiledStep` of a decoder-only (or, with
+    ``encoder_decoder``, an encoder–decoder's) one-token step, or None when ``compile`` is
+    off (nothing is compiled, nothing imported)."""
+    if not compile:
+        return None
+    from attnlab.generation.compiled import CompiledStep, encoder_decoder_token, one_token
+
+    return CompiledStep(function=encoder_decoder_token if encoder_decoder else one_token)
+
+
+def timing_line(load_s: float, compile_s: float, prompt_tokens: int, begun: float,
+                ticks: list[float]) -> str:
+    """``timing: load L s | compile C s | prompt P tokens, R tokens/s | generated N tokens,
+    G tokens/s``, the line the CLI prints. The prompt's rate is its tokens over the time to
+    the first new token (the prompt's forward pass and that token's choice); the generated
+    rate is the tokens after the first over the time they took, one forward pass each, as
+    llama.cpp counts them (with one token, its own time)."""
+    def rate(n: int, seconds: float) -> float:
+        return n / seconds if seconds > 0 else float("inf")
+
+    n = len(ticks)
+    prompt = rate(prompt_tokens, ticks[0] - begun) if n else 0.0  # 0 new tokens: none ran
+    if n > 1:  # (a compile happens between the first and second new token: not counted)
+        generated = rate(n - 1, ticks[-1] - ticks[0] - compile_s)
+    else:
+        generated = rate(n, ticks[0] - begun) if n else 0.0
+    return (f"timing: load {load_s:.2f} s | compile {compile_s:.2f} s | prompt {prompt_tokens} "
+            f"tokens, {prompt:.1f} tokens/s | generated {n} tokens, {generated:.1f} tokens/s")
+
+
+@dataclass
+class Reply:
+    """One decoded reply: its text (stops cut), when each new token was ready, and the
+    seconds a compile took during it."""
+
+    text: str
+    prompt_tokens: int
+    begun: float
+    ticks: list[float] = field(default_factory=list)
+    compile_s: float = 0.0
+    speculation: object | None = None  # speculative decoding's counts, when it ran
+
+    def timing(self, load_s: float = 0.0) -> str:
+        return timing_line(load_s, self.compile_s, self.prompt_tokens, self.begun, self.ticks)
+
+
+class Decoding:
+    """A loaded decoder-only model, prepared once for ``options`` (``runtime``: from
+    :func:`decoding_runtime`, asked before the model loaded), and the decoding of its
+    prompts. ``model``: the prepared model; ``compiled``: its compiled step, if asked."""
+
+    def __init__(self, loaded: Loaded, options: DecodingOptions, runtime: Runtime | None = None):
+        from attnlab.cpu import for_decoding
+
+        self.options = options
+        self.runtime = runtime or decoding_runtime(options)
+        self.tokenizer = loaded.tokenizer
+        self.path = loaded.path
+        self.model = for_decoding(loaded.model, self.runtime.device, self.runtime.precision,
+                                  options.bits is not None, rows=options.rows,
+                                  kv_cache=options.kv_cache)
+        self.compiled = compiled_step(options.compile)
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    def check(self, ids: list[int] | Tensor) -> None:
+        """The prompt and the sampling settings, each problem a one-line ``BadInput``."""
+        o = self.options
+        prompt = ids if isinstance(ids, Tensor) else torch.tensor([ids])
+        check_decoding(prompt, o.max_new_tokens, o.temperature, o.top_k, o.top_p,
+                       o.repetition_penalty)
+
+    def decode(self, ids: list[int], stops: list[str] = (), stop_ids: list[int] = (),
+               eos_id: int | None = None, generator: torch.Generator | None = None,
+               out: TextIO | None = None, skip_special: bool = True, draft=None,
+               prompt_lookup: bool = False, draft_tokens: int = 4,
+               lookup_ngram: int = 3) -> Reply:
+        """Decode ``ids`` and write the reply's text to ``out`` (stdout) as it grows, stopping
+        at ``eos_id``, a stop string or a stop token. ``draft`` (a prepared model) or
+        ``prompt_lookup``: greedy speculative decoding, the same text."""
+        o = self.options
+        stream = StopStream(self.tokenizer, stops, stop_ids, out=out or sys.stdout,
+                            skip_special=skip_special)
+        compiled_before = 0.0 if self.compiled is None else self.compiled.compile_seconds
+        prompt = torch.tensor([ids], device=self.device)
+        begun = time.perf_counter()
+        speculation = None
+        if draft is not None or prompt_lookup:
+            from attnlab.generation.speculative import (
+                prompt_lookup_generate,
+                speculative_generate,
+            )
+
+            def chunk(new_ids) -> bool:  # several tokens a step: fed one by one, as plain
+                for n in range(len(stream.ticks) + 1, new_ids.shape[1] + 1):  # decoding does
+                    if stream(new_ids[:, :n]):
+                        return True
+                return False
+
+            if draft is None:
+                speculation = prompt_lookup_generate(self.model, prompt, o.max_new_tokens,
+                                                     draft_tokens, lookup_ngram, eos_id=eos_id,
+                                                     on_token=chunk)
+            else:
+                speculation = speculative_generate(self.model, draft, prompt, o.max_new_tokens,
+                                                   draft_tokens, eos_id=eos_id, on_token=chunk)
+        else:
+            try:
+                generate(self.model, prompt, o.max_new_tokens, temperature=o.temperature,
+                         top_k=o.top_k, top_p=o.top_p, repetition_penalty=o.repetition_penalty,
+                         eos_id=eos_id, generator=generator, on_token=stream,
+                         compiled=self.compiled)
+            except KeyboardInterrupt:  # the reply so far stands (written); the caller says so
+                text = stream.finish()
+                raise Interrupted(Reply(text, len(ids), begun, stream.ticks,
+                                        self._compiled_since(compiled_before))) from None
+        text = stream.finish()
+        return Reply(text, len(ids), begun, stream.ticks, self._compiled_since(compiled_before),
+                     speculation)
+
+    def _compiled_since(self, before: float) -> float:
+        return 0.0 if self.compiled is None else self.compiled.compile_seconds - before
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a reply: ``reply`` holds what was decoded (and written) before it."""
+
+    def __init__(self, reply: Reply):
+        super().__init__("reply interrupted")
+        self.reply = reply
+
+
+__all__ = ["Decoding", "DecodingOptions", "Interrupted", "Reply", "Runtime", "compiled_step",
+           "decoding_runtime", "integer_label", "timing_line"]
