@@ -148,7 +148,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
         weights = torch.stack(subject.run_model().weights)  # (layers, heads, seq, seq)
         viz.plot_attention_grid(weights, subject.tokens, out, title=f"self-attention: {label}")
     elif args.what == "cross":
-        from attnlab.generation.translation import cross_attention
+        from attnlab.generation.seq2seq import cross_attention
         from attnlab.storage import load
 
         loaded = load(args.model).expect("encoder-decoder", "plot cross")

@@ -20,7 +20,7 @@ from attnlab.cli.common import (
 
 def cmd_translate(args: argparse.Namespace) -> None:
     from attnlab import hardware
-    from attnlab.generation.translation import translate
+    from attnlab.generation.seq2seq import translate
 
     if args.beam < 1:
         raise UsageError(f"--beam must be >= 1, got {args.beam}")

@@ -218,7 +218,7 @@ class DistillRecipe(Recipe):
 def sequence_level_corpus(teacher: nn.Module, src_tok, tgt_tok, sources: list[str],
                           beam: int = 4, batch_size: int = 64) -> list[tuple[str, str]]:
     """Kim and Rush's data: each source with the teacher's beam-search translation."""
-    from attnlab.generation.translation import translate
+    from attnlab.generation.seq2seq import translate
 
     outputs = translate(teacher.eval(), src_tok, tgt_tok, sources, batch_size=batch_size,
                         beam_size=beam)

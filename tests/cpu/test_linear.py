@@ -1,4 +1,4 @@
-"""attnlab.nn.layout: the few-row float kernel's layer and stacking it (the rest of
+"""attnlab.cpu.linear: the few-row float kernel's layer and stacking it (the rest of
 decoding_layout_ is tested with generation, tests/generation/test_generate.py; stack_rows with
 the integer layers, tests/nn/test_quantized.py)."""
 
@@ -288,13 +288,14 @@ def test_for_decoding_stacks_a_float_llamas_projections_and_decodes_the_same_log
     prompt's and each cached step's logits bit for bit those of the unstacked layout."""
     from attnlab.config import ModelConfig
     from attnlab.cpu import for_decoding
+    from attnlab.cpu.attention import attention_kernel_
     from attnlab.cpu.linear import decoding_layout_
     from attnlab.models import GPT
 
     torch.manual_seed(0)
     config = ModelConfig.from_preset("llama-mini", n_decoder_layers=2, d_ff=96)
     model = GPT(config).eval()
-    plain = decoding_layout_(GPT(config).eval())
+    plain = attention_kernel_(decoding_layout_(GPT(config).eval()))  # only stacking differs
     plain.load_state_dict(model.state_dict())
     model = for_decoding(model, "cpu", "fp32")
     layer = model.blocks.layers[0]
