@@ -2,15 +2,15 @@
 (images for the ViT: :mod:`attnlab.data.images`)."""
 
 from attnlab.data.batching import TranslationBatches, make_batches
-from attnlab.data.lm import LMBatches, eval_windows
-from attnlab.data.numbers import english, german, numbers_corpus
-from attnlab.data.parallel import (
+from attnlab.data.corpora import (
     Corpus,
     FilterReport,
     filter_by_length,
     load_corpus,
     read_parallel,
 )
+from attnlab.data.lm import LMBatches, eval_windows
+from attnlab.data.numbers import english, german, numbers_corpus
 from attnlab.data.stream import (
     ImageBatch,
     LabelledBatch,
