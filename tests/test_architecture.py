@@ -7,6 +7,7 @@ inside functions; ``if TYPE_CHECKING:`` blocks, which never run, are left out)."
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ PACKAGE = ROOT / "attnlab"
 # bottom to top: a unit may import from its own layer and the layers below it
 LAYERS = [
     {"errors", "version"},
-    {"hardware", "config", "presets", "params", "files"},
+    {"hardware", "config", "presets", "placement", "files", "runs"},
     {"nn", "tokenizers"},
     {"models"},
     {"interop", "storage", "build", "compression", "cpu"},
@@ -191,3 +192,31 @@ def test_tasks_sit_below_the_cli_and_above_training_and_data():
     assert LAYER["tasks"] < LAYER["cli"] and LAYER["tasks"] < LAYER["demo"]
     assert LAYER["tasks"] > max(LAYER["training"], LAYER["data"], LAYER["generation"])
     assert LAYER["cpu"] > LAYER["nn"] and LAYER["cpu"] < LAYER["generation"]
+
+
+def _units_on_disk() -> list[str]:
+    """Every package and top-level module of attnlab/, as a reader names it (``cpu/``,
+    ``storage.py``)."""
+    return sorted(p.name + "/" if p.is_dir() else p.name for p in PACKAGE.iterdir()
+                  if (p.is_dir() and (p / "__init__.py").exists())
+                  or (p.suffix == ".py" and p.name != "__init__.py"))
+
+
+def test_the_documents_list_every_package():
+    """docs/architecture.md and the README's layout table name every package and module."""
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):] if "## Layout" in readme else readme
+    for unit_name in _units_on_disk():
+        named = re.compile(rf"`(attnlab/)?{re.escape(unit_name)}`")
+        assert named.search(architecture), f"docs/architecture.md lacks {unit_name}"
+        assert named.search(layout), f"README.md's layout lacks {unit_name}"
+
+
+def test_the_architecture_page_maps_every_command_to_its_module():
+    from attnlab.cli import COMMANDS
+
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    rows = dict(re.findall(r"^\| `attnlab ([\w-]+)[^`]*` \| `cli/(\w+)\.py` \|", architecture,
+                           flags=re.M))
+    assert rows == COMMANDS

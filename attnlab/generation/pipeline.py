@@ -69,8 +69,8 @@ def decoding_runtime(options: DecodingOptions) -> Runtime:
     device_asked = options.device
     if options.bits:
         if options.precision not in (None, "auto", "bf16"):
-            raise BadInput(f"--int{options.bits} sets its own precision (integer weights, "
-                           f"float32 activations); drop --precision {options.precision}")
+            raise BadInput(f"int{options.bits} integer weights set their own precision "
+                           f"(float32 activations), not {options.precision}")
         device_asked = "cpu" if device_asked == "auto" else device_asked
     device = hardware.pick_device(device_asked)
     precision = hardware.pick_precision(options.precision, device)
