@@ -6,11 +6,10 @@ from attnlab import hardware
 # would die with SIGILL (see attnlab.hardware).
 hardware.guard_amx()
 
-from attnlab.build import build_model  # noqa: E402
+from attnlab.build import build_model, count_parameters, parameter_breakdown  # noqa: E402
 from attnlab.config import PRESETS, ModelConfig  # noqa: E402
 from attnlab.interop import from_pretrained, save_pretrained  # noqa: E402
 from attnlab.models import BERT, GPT, Transformer  # noqa: E402
-from attnlab.params import count_parameters, parameter_breakdown  # noqa: E402
 from attnlab.storage import Loaded, load  # noqa: E402
 from attnlab.version import __version__  # noqa: E402, F401
 

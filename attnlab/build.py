@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -111,12 +112,41 @@ def materialize(model: nn.Module) -> nn.Module:
     return model
 
 
-def parameters_of(config: ModelConfig) -> int:
-    """The parameter count of ``build_model(config)``, without building its layers."""
+def count_parameters(source: nn.Module | Iterable[nn.Module] | ModelConfig,
+                     trainable_only: bool = False) -> int:
+    """Number of parameters, a tensor shared by several modules (tied weights) counted once.
+    ``source``: a model, several modules (a component), or a config: then the count of
+    ``build_model(config)`` without building its layers (P(1, 1) and one more layer of each
+    stack on ``meta``; the module docstring's formula), its pruned heads and adapters included.
+    ``trainable_only``: only the parameters that require gradients (of a model)."""
+    if isinstance(source, ModelConfig):
+        if trainable_only:
+            raise ValueError("trainable_only counts a built model's parameters, not a config's")
+        return _config_parameters(source)
+    seen: dict[int, int] = {}
+    for module in [source] if isinstance(source, nn.Module) else source:
+        for p in module.parameters():
+            if not trainable_only or p.requires_grad:
+                seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def parameter_breakdown(model: nn.Module) -> OrderedDict[str, int]:
+    """Counts per named component (from ``model.components()``), then ``total``."""
+    table: OrderedDict[str, int] = OrderedDict()
+    components = getattr(model, "components", None)
+    if components is not None:
+        for name, modules in components().items():
+            table[name] = count_parameters(modules)
+    table["total"] = count_parameters(model)
+    return table
+
+
+def _config_parameters(config: ModelConfig) -> int:
     def count(n_enc: int, n_dec: int) -> int:
         small = dataclasses.replace(config, n_encoder_layers=n_enc, n_decoder_layers=n_dec,
                                     pruned_heads={}, adapter={})
-        return sum(p.numel() for p in skeleton(small).parameters())
+        return count_parameters(skeleton(small))
 
     enc, dec = min(config.n_encoder_layers, 1), min(config.n_decoder_layers, 1)
     base = count(enc, dec)
@@ -154,7 +184,7 @@ def check_affordable(config: ModelConfig, where: str | os.PathLike, file_bytes: 
                      what: str = "the model") -> int:
     """Refuse a config whose parameters cannot be in a file of ``file_bytes`` or cannot fit the
     available memory at ``bytes_per_parameter``; returns the parameter count."""
-    n = parameters_of(config)
+    n = count_parameters(config)
     if file_bytes is not None and n * min_bytes > file_bytes:
         raise BadInput(f"{where}: the config describes {n:,} parameters, but the weights hold "
                        f"only {file_bytes:,} bytes: the config and the weights disagree")
@@ -238,7 +268,7 @@ def check_training_memory(config: ModelConfig, batch: int, seq: int, options: st
     backward pass, about L·B·T·(68·d + 10·h·T) bytes in float32 (Korthikanti et al., 2022,
     with the attention scores of a non-fused path). ``options`` names what sets the sizes."""
     layers = config.n_encoder_layers + config.n_decoder_layers
-    n = parameters_of(config)
+    n = count_parameters(config)
     need = 16 * n + layers * batch * seq * (68 * config.d_model + 10 * config.n_heads * seq)
     available = hardware.available_memory(device)
     if available is not None and need > available:

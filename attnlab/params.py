@@ -1,8 +1,8 @@
-"""Parameter counting: total, and per component for ``attnlab info``; per-rank training memory
-under data, tensor and pipeline parallelism for ``attnlab info --parallel``.
+"""Per-rank training memory under data, tensor and pipeline parallelism for ``attnlab info
+--parallel``, and the rules a split must meet (shared with the trainer).
 
 Counts come from a model's own parameters (built on the meta device, so shapes only), with a
-tensor shared by several modules (tied weights) counted once.
+tensor shared by several modules (tied weights) counted once per rank.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import bisect
 import itertools
 import math
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,28 +20,6 @@ from attnlab.errors import BadInput
 
 if TYPE_CHECKING:
     from attnlab.config import ModelConfig
-
-
-def count_parameters(module: nn.Module | list[nn.Module], trainable_only: bool = False) -> int:
-    """Number of parameters; a tensor shared by several modules (tied weights) counts once."""
-    modules = module if isinstance(module, list) else [module]
-    seen: dict[int, int] = {}
-    for m in modules:
-        for p in m.parameters():
-            if not trainable_only or p.requires_grad:
-                seen[id(p)] = p.numel()
-    return sum(seen.values())
-
-
-def parameter_breakdown(model: nn.Module) -> OrderedDict[str, int]:
-    """Counts per named component (from ``model.components()``), then ``total``."""
-    table: OrderedDict[str, int] = OrderedDict()
-    components = getattr(model, "components", None)
-    if components is not None:
-        for name, modules in components().items():
-            table[name] = count_parameters(modules)
-    table["total"] = count_parameters(model)
-    return table
 
 
 # --- per-rank training memory under data, tensor and pipeline parallelism --------------------

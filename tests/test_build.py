@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnlab import ModelConfig, build_model, hardware, save_pretrained
-from attnlab.build import check_affordable, materialize, parameters_of, skeleton
+from attnlab.build import check_affordable, count_parameters, materialize, skeleton
 from attnlab.config import PRESETS
 from attnlab.errors import BadInput
 from attnlab.storage import save_model_dir
@@ -30,7 +30,7 @@ TINY_GPT = dict(d_model=32, n_heads=2, d_ff=64, n_decoder_layers=2, max_len=64)
 def test_the_estimate_is_the_built_models_count(preset, overrides):
     """The 1-and-2-layer extrapolation equals counting every parameter of the whole model."""
     config = ModelConfig.from_preset(preset, **overrides)
-    assert parameters_of(config) == sum(p.numel() for p in skeleton(config).parameters())
+    assert count_parameters(config) == sum(p.numel() for p in skeleton(config).parameters())
 
 
 def test_a_model_larger_than_memory_is_refused(monkeypatch):

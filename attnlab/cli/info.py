@@ -17,8 +17,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     import torch
 
     from attnlab import hardware
-    from attnlab.build import build_model
-    from attnlab.params import parameter_breakdown
+    from attnlab.build import build_model, parameter_breakdown
 
     _check_flags(args)
     if args.hardware:
@@ -107,7 +106,8 @@ def human(n: int) -> str:
 
 def print_parallel(args: argparse.Namespace, config: ModelConfig, model) -> None:
     """The per-rank memory table of :func:`attnlab.params.parallel_rows`, then the formulas."""
-    from attnlab.params import count_parameters, parallel_rows
+    from attnlab.build import count_parameters
+    from attnlab.params import parallel_rows
 
     rows, notes = parallel_rows(model, args.world, args.tp, args.pp, config=config)
     heads = f"{config.n_heads} heads (kv heads {config.kv_heads})"

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from attnlab import ModelConfig, build_model
+from attnlab.build import count_parameters
 from attnlab.errors import BadInput
-from attnlab.params import count_parameters, parallel_memory, parallel_rows, tp_split
+from attnlab.params import parallel_memory, parallel_rows, tp_split
 from tests.cli.helpers import assert_bad_input, cli
 
 V, D, H, DK, FF, L, T = 50, 32, 4, 8, 128, 2, 16

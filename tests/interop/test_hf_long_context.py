@@ -8,9 +8,9 @@ import torch
 import transformers
 
 from attnlab import ModelConfig, build_model, from_pretrained, save_pretrained
+from attnlab.build import count_parameters
 from attnlab.generation import generate
 from attnlab.interop.hf_decoders import mistral_from_config
-from attnlab.params import count_parameters
 
 LLAMA = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=172, num_hidden_layers=2, rms_norm_eps=1e-6,

@@ -12,11 +12,10 @@ import transformers
 from transformers.generation import LogitsProcessor, LogitsProcessorList
 
 from attnlab import from_pretrained, save_pretrained
-from attnlab.build import build_model
+from attnlab.build import build_model, count_parameters
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
 from attnlab.generation import beam_search, greedy_decode
-from attnlab.params import count_parameters
 from tests.cli.helpers import cli
 
 PAD, EOS, VOCAB = 0, 1, 64

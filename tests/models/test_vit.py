@@ -7,7 +7,7 @@ import torch
 
 import attnlab
 from attnlab import ModelConfig, build_model, count_parameters
-from attnlab.build import check_affordable, parameters_of, skeleton
+from attnlab.build import check_affordable, skeleton
 from attnlab.errors import BadInput
 from attnlab.models import ViT
 from attnlab.nn import PatchEmbedding
@@ -171,7 +171,7 @@ def vit_count(d, ff, layers, channels, patch, n_patches, labels):
 def test_parameter_counts_equal_the_formula(preset, exact, expected):
     config = ModelConfig.from_preset(preset)
     counted = count_parameters(skeleton(config))
-    assert counted == expected == parameters_of(config)
+    assert counted == expected == count_parameters(config)
     if exact is not None:
         assert counted == exact
 

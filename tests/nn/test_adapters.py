@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.build import build_model, parameters_of
+from attnlab.build import build_model, count_parameters
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
 from attnlab.interop.peft import adapt, adapter_spec
@@ -111,7 +111,7 @@ def test_an_adapted_encoder_decoder_starts_unchanged_and_trains_only_its_adapter
     # the config records the adapters: the model rebuilds with the same shapes and count
     rebuilt = build_model(model.config)
     assert rebuilt.state_dict().keys() == model.state_dict().keys()
-    assert parameters_of(model.config) == sum(p.numel() for p in model.parameters())
+    assert count_parameters(model.config) == sum(p.numel() for p in model.parameters())
 
 
 def test_fold_gives_the_plain_model_with_the_same_outputs(translator_config):
