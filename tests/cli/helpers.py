@@ -1,4 +1,5 @@
-"""Running ``attnlab`` in-process as a user runs it, and the contract for bad input.
+"""Running ``attnlab`` in-process as a user runs it, the contract for bad input, and a tiny
+random encoder to fine-tune.
 
 ``main(argv)`` returns the exit code. What escapes it (an exception, argparse's SystemExit) is
 turned into what the console script would give the user: a traceback on stderr and exit code 1,
@@ -16,8 +17,13 @@ import subprocess
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
+
+from attnlab import BERT, ModelConfig, save_pretrained
 from attnlab.cli import main
+from attnlab.tokenizers import WordPieceTokenizer
 
 RUNNING = re.compile(r"^attnlab [a-z]+: running .+ on \S+, .+, \d+ threads$")
 
@@ -92,6 +98,17 @@ def assert_bad_input(r: Result, *names: str, while_running: bool = False) -> str
     for name in names:
         assert name in lines[0], f"{name!r} is not named in {lines[0]!r}"
     return lines[0]
+
+
+def tiny_bert(corpus: Path, out: Path, vocab_size: int, max_len: int) -> Path:
+    """A random bert-tiny (torch seed 0) with a WordPiece vocabulary of ``vocab_size`` learnt
+    from the text file ``corpus``, written to ``out`` as a Hugging Face folder."""
+    tok = WordPieceTokenizer.train([corpus], vocab_size=vocab_size)
+    torch.manual_seed(0)
+    save_pretrained(BERT(ModelConfig.from_preset("bert-tiny", vocab_size=tok.vocab_size,
+                                                 max_len=max_len)), out)
+    tok.backend.save(str(Path(out) / "tokenizer.json"))
+    return Path(out)
 
 
 def not_a_folder(tmp_path):

@@ -7,13 +7,10 @@ import random
 import re
 
 import pytest
-import torch
 
-from attnlab import BERT, ModelConfig, save_pretrained
 from attnlab.sentence_encoder import load_encoder
 from attnlab.tasks.ner import predict_tags
-from attnlab.tokenizers import WordPieceTokenizer
-from tests.cli.helpers import assert_bad_input, cli, cli_captured
+from tests.cli.helpers import assert_bad_input, cli, cli_captured, tiny_bert
 
 PEOPLE = ["Anna", "Boris", "Clara", "Dmitri", "Elena"]
 PLACES = ["Paris", "Berlin", "Lagos", "Quito", "Oslo"]
@@ -45,11 +42,7 @@ def ner_run(tmp_path_factory):
     for split, n in (("train", 300), ("dev", 40), ("test", 60)):
         write_conll(data / f"{split}.txt", [sentence(rng) for _ in range(n)])
     (folder / "corpus.txt").write_text(" ".join(PEOPLE + PLACES + FILLER) + " son\n")
-    tok = WordPieceTokenizer.train([folder / "corpus.txt"], vocab_size=80)
-    torch.manual_seed(0)
-    save_pretrained(BERT(ModelConfig.from_preset("bert-tiny", vocab_size=tok.vocab_size,
-                                                 max_len=32)), folder / "encoder")
-    tok.backend.save(str(folder / "encoder" / "tokenizer.json"))
+    tiny_bert(folder / "corpus.txt", folder / "encoder", vocab_size=80, max_len=32)
     # Trained to a stated criterion, test F1 at least 0.95, never to a fixed count: the float
     # trajectory differs between CPUs (150 steps gave F1 1.00 on one and 0.976 on another,
     # where one two-word person was read as two). Each try is a fresh run twice as long; the

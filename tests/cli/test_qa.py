@@ -7,12 +7,10 @@ import random
 import re
 
 import pytest
-import torch
 
-from attnlab import BERT, ModelConfig, load, save_pretrained
+from attnlab import load
 from attnlab.tasks.qa import answer_many, squad_scores
-from attnlab.tokenizers import WordPieceTokenizer
-from tests.cli.helpers import assert_bad_input, cli, cli_captured
+from tests.cli.helpers import assert_bad_input, cli, cli_captured, tiny_bert
 
 NAMES = ["anna", "boris", "clara", "dmitri"]
 TOWNS = ["paris", "lagos", "quito", "oslo"]
@@ -40,11 +38,7 @@ def qa_run(tmp_path_factory):
     (folder / "corpus.txt").write_text(
         " ".join(NAMES + TOWNS) + " in the spring travelled to and stayed there for a week . "
         "who where did they travel ?\n")
-    tok = WordPieceTokenizer.train([folder / "corpus.txt"], vocab_size=60)
-    torch.manual_seed(0)
-    save_pretrained(BERT(ModelConfig.from_preset("bert-tiny", vocab_size=tok.vocab_size,
-                                                 max_len=32)), folder / "encoder")
-    tok.backend.save(str(folder / "encoder" / "tokenizer.json"))
+    tiny_bert(folder / "corpus.txt", folder / "encoder", vocab_size=60, max_len=32)
     run = folder / "run"
     r = cli_captured("train", "qa", "--data", squad, "--train-articles", "0-3",
                      "--eval-articles", "4-5", "--model", folder / "encoder", "--out", run,

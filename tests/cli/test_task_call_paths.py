@@ -10,11 +10,9 @@ import json
 import random
 
 import pytest
-import torch
 
-from attnlab import BERT, ModelConfig, save_pretrained
-from attnlab.tokenizers import WordPieceTokenizer
 from tests.call_path import trace
+from tests.cli.helpers import tiny_bert
 
 TASKS = "attnlab/tasks/"
 SHARED = {"attnlab/tasks/pretrained.py"}  # the start from a pretrained encoder
@@ -49,12 +47,7 @@ def encoder(tmp_path_factory):
     """A random bert-tiny with a WordPiece vocabulary of the words below, as a HF folder."""
     folder = tmp_path_factory.mktemp("encoder")
     (folder / "corpus.txt").write_text(" ".join(NAMES + TOWNS + WORDS) + "\n")
-    tok = WordPieceTokenizer.train([folder / "corpus.txt"], vocab_size=60)
-    torch.manual_seed(0)
-    save_pretrained(BERT(ModelConfig.from_preset("bert-tiny", vocab_size=tok.vocab_size,
-                                                 max_len=32)), folder / "model")
-    tok.backend.save(str(folder / "model" / "tokenizer.json"))
-    return folder / "model"
+    return tiny_bert(folder / "corpus.txt", folder / "model", vocab_size=60, max_len=32)
 
 
 @pytest.fixture(scope="module")

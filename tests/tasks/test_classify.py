@@ -6,16 +6,14 @@ import random
 import re
 
 import pytest
-import torch
 
-from attnlab import BERT, ModelConfig, save_pretrained
 from attnlab.cli import main
 from attnlab.sentence_encoder import load_encoder
 from attnlab.tasks.classify import classify_texts, read_labelled, split_by_hash
 from attnlab.tasks.classify.recipe import train_classify
-from attnlab.tokenizers import WordPieceTokenizer
 from attnlab.training.schedule import LinearSchedule, schedule_to_dict
 from attnlab.training.trainer import TrainConfig
+from tests.cli.helpers import tiny_bert
 
 GOOD = ["great", "lovely", "superb", "wonderful", "excellent"]
 BAD = ["awful", "terrible", "dreadful", "horrible", "poor"]
@@ -45,12 +43,7 @@ def tiny_encoder(tmp_path_factory, reviews):
     folder = tmp_path_factory.mktemp("encoder")
     texts = [json.loads(line)["text"] for line in reviews.read_text().splitlines()]
     (folder / "corpus.txt").write_text("\n".join(texts))
-    tok = WordPieceTokenizer.train([folder / "corpus.txt"], vocab_size=100)
-    torch.manual_seed(0)
-    model = BERT(ModelConfig.from_preset("bert-tiny", vocab_size=tok.vocab_size, max_len=64))
-    save_pretrained(model, folder)
-    tok.backend.save(str(folder / "tokenizer.json"))
-    return folder
+    return tiny_bert(folder / "corpus.txt", folder, vocab_size=100, max_len=64)
 
 
 def config(steps, lr, **kw):
