@@ -10,7 +10,7 @@ the course's formula (docs/scaling.md).
 2. DDP vs FSDP on 2 gloo ranks (spawned, 1 thread each): parameters, gradients and AdamW state
    per rank after one step, from ``MemTracker`` (one process, DDP) and
    ``FSDPMemTracker`` (FSDP2 through ``parallel.apply_fsdp``), beside
-   ``attnlab.params.parallel_memory`` (M per rank for DDP, M/N for FSDP).
+   ``attnlab.placement.parallel_memory`` (M per rank for DDP, M/N for FSDP).
 3. Pipeline bubble: 2 stages (``attnlab.training.pipeline.Pipeline``, GPipe) on 2 gloo ranks,
    1 thread each, B = 1, 2, 4, 8 micro-batches: the step time T_pp(B) (forward + backward, the
    slower rank's, median), against T_1, one process with 1 thread running the whole model on
@@ -39,7 +39,7 @@ from attnlab import hardware
 from attnlab.build import build_model, skeleton
 from attnlab.config import ModelConfig
 from attnlab.data.stream import LMBatch
-from attnlab.params import parallel_memory
+from attnlab.placement import parallel_memory
 from attnlab.training import parallel
 from attnlab.training.objectives import CausalLM
 from attnlab.training.pipeline import Pipeline
@@ -254,7 +254,7 @@ def data_parallel(sizes: dict) -> None:
                   f"{_mib(cur['Total'] - total)} | {_mib(got['peak']['Total'])} |")
     print("\nMeasured: MemTracker (one process, DDP) and FSDPMemTracker (FSDP: its sharded "
           "parameters, sharded gradients and optimizer state) after one AdamW step; course: "
-          "attnlab.params.parallel_memory (4 + 4 + 8 bytes per parameter held). The peak adds "
+          "attnlab.placement.parallel_memory (4 + 4 + 8 bytes per parameter held). The peak adds "
           "the step's activations and temporaries, and, for FSDP, the all-gathered layers. "
           "Other held: what else stays allocated after the step. Under DDP it is the "
           "reducer's flat gradient buckets: attnlab wraps DDP with gradient_as_bucket_view=True, "

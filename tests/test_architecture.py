@@ -18,7 +18,7 @@ PACKAGE = ROOT / "attnlab"
 # bottom to top: a unit may import from its own layer and the layers below it
 LAYERS = [
     {"errors", "version"},
-    {"hardware", "config", "presets", "placement", "files", "runs"},
+    {"hardware", "config", "presets", "placement", "files"},
     {"nn", "tokenizers"},
     {"models"},
     {"interop", "storage", "build", "compression", "cpu"},

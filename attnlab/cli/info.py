@@ -10,7 +10,7 @@ from attnlab.cli.common import UsageError, add_preset_args, preset_config
 
 if TYPE_CHECKING:
     from attnlab.config import ModelConfig
-    from attnlab.params import RankMemory
+    from attnlab.placement import RankMemory
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -105,9 +105,9 @@ def human(n: int) -> str:
 
 
 def print_parallel(args: argparse.Namespace, config: ModelConfig, model) -> None:
-    """The per-rank memory table of :func:`attnlab.params.parallel_rows`, then the formulas."""
+    """The per-rank memory table of :func:`attnlab.placement.parallel_rows`, then the formulas."""
     from attnlab.build import count_parameters
-    from attnlab.params import parallel_rows
+    from attnlab.placement import parallel_rows
 
     rows, notes = parallel_rows(model, args.world, args.tp, args.pp, config=config)
     heads = f"{config.n_heads} heads (kv heads {config.kv_heads})"
@@ -135,7 +135,7 @@ def print_parallel(args: argparse.Namespace, config: ModelConfig, model) -> None
 def _formulas(rows: list[RankMemory], config: ModelConfig, microbatches: int | None) -> list[str]:
     """A few lines per kind of layout in ``rows``, with this model's numbers."""
     from attnlab.config import GATED
-    from attnlab.params import pipeline_layers, stage_sizes
+    from attnlab.placement import pipeline_layers, stage_sizes
 
     lines = ["bytes    4 (fp32 weight) + 4 (gradient) + 8 (Adam's m and v) = 16 per parameter"]
     if len(rows) > 1:

@@ -35,10 +35,8 @@ from torch import Tensor, nn
 
 from attnlab import hardware
 from attnlab.errors import BadInput
-from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.multihead import MultiHeadAttention
-from attnlab.nn.relative import RelativePositionBias
-from attnlab.params import STRATEGIES, check_layout, check_parallel
+from attnlab.placement import STRATEGIES, check_layout, check_parallel, tp_children
 from attnlab.training import distributed
 from attnlab.training.pipeline import SCHEDULES, Pipeline
 from attnlab.training.recompute import MODES, apply_checkpointing, layer_stacks
@@ -93,7 +91,7 @@ class ParallelPlan:
         return self.strategy == "fsdp" or self.tp > 1 or self.pp > 1
 
     def check(self, config) -> None:
-        """The model can be split as asked (:func:`attnlab.params.check_parallel`, the same
+        """The model can be split as asked (:func:`attnlab.placement.check_parallel`, the same
         rules ``attnlab info --parallel`` applies): N divides the heads and the key/value
         heads, so every attention keeps whole heads; ``pp`` stages for at most as many
         layers, of a decoder-only or encoder-only model."""
@@ -205,39 +203,50 @@ def grad_scaler(plan: ParallelPlan, device: torch.device, precision: str):
 
 # --- tensor parallelism ----------------------------------------------------------------------
 def apply_tensor_parallel(model: nn.Module, layout: Layout) -> None:
-    """Megatron's plan on every attention and feed-forward module, through
-    ``parallelize_module``: Q, K, V column-wise and the output row-wise, so this rank computes
-    heads ``[r·h/N, (r+1)·h/N)``; W₁, W₃ column-wise and W₂ row-wise. A fused QKV matrix is
-    first split into its three projections, so each is sharded by heads."""
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    """Megatron's plan, :data:`attnlab.placement.TENSOR_PARALLEL` (the table the memory
+    planner reads too), through ``parallelize_module``: every module the table names has the
+    layers it lists split, a layer whose weight is split by output features
+    (``ColwiseParallel``: Q, K, V, W₁, W₃, and T5's relative-bias embedding by its head
+    columns) or by input features (``RowwiseParallel``: the attention output, W₂). An
+    attention's fused QKV matrix is first split into its three projections, so each is sharded
+    by heads, and the module then computes its rank's heads ``[r·h/N, (r+1)·h/N)``."""
+    from torch.distributed.tensor.parallel import parallelize_module
 
     n, rank, mesh = layout.plan.tp, layout.tp_rank, layout.submesh("tp")
-    for module in model.modules():
-        if isinstance(module, RelativePositionBias):
-            # T5's bias table has a column per head: each rank keeps its heads' columns, so
-            # the bias it computes, and the gradient it gets, are its heads' alone
-            parallelize_module(module, mesh, {"embedding": ColwiseParallel()})
+    for path, module in list(model.named_modules()):
+        tensors = tp_children(path)
+        if tensors is None:
+            continue
         if isinstance(module, MultiHeadAttention):
             module.unfuse_qkv_()
-            parallelize_module(module, mesh, {"q_proj": ColwiseParallel(),
-                                              "k_proj": ColwiseParallel(),
-                                              "v_proj": ColwiseParallel(),
-                                              "out_proj": RowwiseParallel()})
+        styles = {child: _style(getattr(module, child), dim)
+                  for child, dim in _weight_dims(tensors).items()
+                  if getattr(module, child, None) is not None}
+        parallelize_module(module, mesh, styles)
+        if isinstance(module, MultiHeadAttention):
             # the module now sees only its rank's heads: (batch, seq, h/N · d_k)
             module.n_heads //= n
             module.num_kv_heads //= n
             module.q_dim, module.kv_dim = module.q_dim // n, module.kv_dim // n
             heads = module.n_heads
             module.original_heads = module.original_heads[rank * heads:(rank + 1) * heads]
-        elif isinstance(module, FeedForward):
-            plan = {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
-            if module.w3 is not None:
-                plan["w3"] = ColwiseParallel()
-            parallelize_module(module, mesh, plan)
+
+
+def _weight_dims(tensors: dict[str, int]) -> dict[str, int]:
+    """A table row's child layers and the dim each one's weight is split along."""
+    return {name.removesuffix(".weight"): dim for name, dim in tensors.items()
+            if name.endswith(".weight")}
+
+
+def _style(layer: nn.Module, dim: int):
+    """torch's style that splits ``layer``'s weight along ``dim``: an ``nn.Linear`` weight is
+    (out, in), so dim 0 is ``ColwiseParallel`` (the bias split with it) and dim 1
+    ``RowwiseParallel`` (the bias whole); an ``nn.Embedding`` is (rows, features), split by its
+    features under ``ColwiseParallel``."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    features = 1 if isinstance(layer, nn.Embedding) else 0
+    return ColwiseParallel() if dim == features else RowwiseParallel()
 
 
 def fused_state(state: dict[str, Tensor], config) -> dict[str, Tensor]:

@@ -2,7 +2,7 @@
 run through them as B micro-batches by PyTorch's own engine (``torch.distributed.pipelining``:
 :class:`PipelineStage`, :class:`ScheduleGPipe`, :class:`Schedule1F1B`).
 
-The split (:func:`attnlab.params.stage_sizes`, the same one the memory estimate counts):
+The split (:func:`attnlab.placement.stage_sizes`, the same one the memory estimate counts):
 
     stage s of N holds layers [lo_s, hi_s): ⌊L/N⌋ or ⌈L/N⌉ of them, the first L mod N stages
     one more, so the largest holds ⌈L/N⌉ and none is empty (N ≤ L);
@@ -43,7 +43,7 @@ from attnlab.data.stream import to_device
 from attnlab.errors import BadInput
 from attnlab.models.bert import BERT
 from attnlab.models.gpt import GPT
-from attnlab.params import check_parallel, pipeline_layers, stage_sizes
+from attnlab.placement import check_parallel, pipeline_layers, stage_sizes
 from attnlab.training.loss import label_smoothed_loss
 from attnlab.training.objectives import CausalLM, MaskedLM
 

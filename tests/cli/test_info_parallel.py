@@ -1,4 +1,4 @@
-"""``attnlab info --parallel`` and :func:`attnlab.params.parallel_memory`: per-rank parameter,
+"""``attnlab info --parallel`` and :func:`attnlab.placement.parallel_memory`: per-rank parameter,
 gradient and Adam memory under DDP, FSDP, TP, PP and the FSDP × TP mesh, against counts made
 here by hand from a tiny config's shapes, and the one-line errors for layouts that cannot run.
 
@@ -17,7 +17,7 @@ import torch
 from attnlab import ModelConfig, build_model
 from attnlab.build import count_parameters
 from attnlab.errors import BadInput
-from attnlab.params import parallel_memory, parallel_rows, tp_split
+from attnlab.placement import parallel_memory, parallel_rows, tp_split
 from tests.cli.helpers import assert_bad_input, cli
 
 V, D, H, DK, FF, L, T = 50, 32, 4, 8, 128, 2, 16

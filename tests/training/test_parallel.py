@@ -67,8 +67,17 @@ def _grads(model) -> dict[str, torch.Tensor]:
             for name, p in model.named_parameters()}
 
 
+def _split_dim(p) -> int | None:
+    """The dim a parameter is sharded along over the tp ranks (None: whole on every rank)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    dims = [s.dim for s in p.placements if isinstance(s, Shard)] if isinstance(p, DTensor) else []
+    return dims[0] if dims else None
+
+
 def _tensor_parallel_worker(rank: int, world: int) -> dict:
     from attnlab.nn.multihead import MultiHeadAttention
+    from attnlab.placement import tp_dim
 
     found = {}
     layout = parallel.Layout(parallel.ParallelPlan(world=world, tp=world), torch.device("cpu"))
@@ -97,6 +106,11 @@ def _tensor_parallel_worker(rank: int, world: int) -> dict:
             "bias_heads": sorted({tuple(m.original_heads) for m in attention}),
             "ffn_rows": sorted({m.ffn.w1.weight.to_local().shape[0] for m in model.modules()
                                 if hasattr(m, "ffn")}),
+            # the engine split each tensor as the table the memory planner reads says
+            "not_as_planned": [(name, _split_dim(p), tp_dim(name))
+                               for name, p in model.named_parameters()
+                               if _split_dim(p) != tp_dim(name)],
+            "split": sum(tp_dim(name) is not None for name, _ in model.named_parameters()),
         }
     return found
 
@@ -113,6 +127,7 @@ def test_tensor_parallel_forward_and_backward_equal_the_unsharded_model(tmp_path
             assert f["heads"] == [[h // 2, kv // 2]], (family, f["heads"])  # h / N heads
             assert f["q_rows"] == [h // 2 * d_k] and f["kv_rows"] == [kv // 2 * d_k], family
             assert f["ffn_rows"] == [config.d_ff // 2], family
+            assert f["not_as_planned"] == [] and f["split"] > 0, (family, f["not_as_planned"])
             # this rank's heads: ALiBi's slopes are taken for them (T5's bias table is split
             # by head columns instead)
             assert f["bias_heads"] == [list(range(rank * h // 2, (rank + 1) * h // 2))], family

@@ -1,5 +1,8 @@
-"""Per-rank training memory under data, tensor and pipeline parallelism for ``attnlab info
---parallel``, and the rules a split must meet (shared with the trainer).
+"""Where a model's parameters live when training spans several ranks: the tensor-parallel
+table (which tensors are split, along which dim), the rules a split must meet, and the
+parameter, gradient and optimizer memory of each rank under data, tensor and pipeline
+parallelism (``attnlab info --parallel``). The trainer applies the same table and rules
+(:mod:`attnlab.training.parallel`).
 
 Counts come from a model's own parameters (built on the meta device, so shapes only), with a
 tensor shared by several modules (tied weights) counted once per rank.
@@ -22,34 +25,58 @@ if TYPE_CHECKING:
     from attnlab.config import ModelConfig
 
 
-# --- per-rank training memory under data, tensor and pipeline parallelism --------------------
-# How the tensor-parallel engine splits a layer's matrices (Megatron-LM): q, k, v (or the fused
-# qkv) and the feed-forward's w1/w3 column-wise (their output rows: h/N heads, d_ff/N units, and
-# their biases with them); the attention output and w2 row-wise (their input columns; their bias
-# is added once, after the all-reduce, so it stays whole on every rank). Everything else
-# (embeddings, positions, norms, the head, the pooler) is replicated.
-_LAYER = re.compile(r"^(blocks|encoder|decoder)\.layers\.(\d+)\.")
-_COLUMN = re.compile(r"\.(self_attn|cross_attn)\.(q_proj|k_proj|v_proj|qkv)\.(weight|bias)$"
-                     r"|\.ffn\.(w1|w3)\.(weight|bias)$")
-_ROW = re.compile(r"\.(self_attn|cross_attn)\.out_proj\.weight$|\.ffn\.w2\.weight$")
-_RELATIVE = re.compile(r"^(tgt_)?positional\.embedding\.weight$")  # T5: a column per head
+# --- the tensor-parallel table ---------------------------------------------------------------
+# Megatron-LM's plan, read by both the memory planner (parallel_memory) and the engine
+# (attnlab.training.parallel.apply_tensor_parallel). Each row: the path of the modules it splits
+# (a regular expression), then the dim along which each of their tensors is split over the tp
+# ranks; a tensor no row names stays whole on every rank (embeddings, norms, the head).
+# - attention: Q, K, V (or the fused QKV) by their output rows, dim 0 (h/N heads a rank, the
+#   bias with them); the output projection by its input columns, dim 1 (its bias is added once,
+#   after the all-reduce, so it stays whole);
+# - feed-forward: W₁ and W₃ by their rows (d_ff/N units a rank), W₂ by its columns;
+# - T5's relative-bias table (buckets, heads): by its head columns, dim 1.
+_IN_LAYER = r"(?:blocks|encoder|decoder)\.layers\.\d+\."
+TENSOR_PARALLEL: dict[str, dict[str, int]] = {
+    _IN_LAYER + r"(?:self_attn|cross_attn)": {
+        "q_proj.weight": 0, "q_proj.bias": 0, "k_proj.weight": 0, "k_proj.bias": 0,
+        "v_proj.weight": 0, "v_proj.bias": 0, "qkv.weight": 0, "qkv.bias": 0,
+        "out_proj.weight": 1},
+    _IN_LAYER + r"ffn": {"w1.weight": 0, "w1.bias": 0, "w3.weight": 0, "w3.bias": 0,
+                         "w2.weight": 1},
+    r"(?:tgt_)?positional": {"embedding.weight": 1},
+}
+_ROWS = [(re.compile(pattern), tensors) for pattern, tensors in TENSOR_PARALLEL.items()]
+_LAYER = re.compile(r"^(blocks|encoder|decoder)\.layers\.(\d+)\.")  # a pipeline stage's unit
 STRATEGIES = ("ddp", "fsdp")  # how data-parallel ranks hold the model: copies, or shards
 PIPELINED = ("decoder", "encoder")  # archs the pipeline engine splits into stages
 ADAM_BYTES = 8  # Adam's two moments, m and v, in fp32 for every parameter
 
 
+def tp_children(module_path: str) -> dict[str, int] | None:
+    """The row of :data:`TENSOR_PARALLEL` for the module at ``module_path``: its tensors (a
+    child layer's ``weight`` or ``bias``) and the dim each is split along; None if tensor
+    parallelism leaves the module whole."""
+    for pattern, tensors in _ROWS:
+        if pattern.fullmatch(module_path):
+            return tensors
+    return None
+
+
+def tp_dim(name: str) -> int | None:
+    """The dim along which tensor parallelism splits the parameter ``name`` (a full name,
+    ``decoder.layers.0.cross_attn.k_proj.weight``), or None when every rank holds it whole."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        tensors = tp_children(".".join(parts[:cut]))
+        if tensors is not None:
+            return tensors.get(".".join(parts[cut:]))
+    return None
+
+
 def tp_split(name: str) -> str:
     """How tensor parallelism holds the parameter ``name``: ``"column"`` (split along its rows,
-    dim 0), ``"row"`` (split along its columns, dim 1) or ``"replicated"``. The matrices of a
-    layer (``blocks.layers.i``, ``encoder.layers.i``, ``decoder.layers.i``) are split, and T5's
-    relative-bias table ``(buckets, heads)`` by its head columns."""
-    if _RELATIVE.match(name):
-        return "row"
-    if not _LAYER.match(name):
-        return "replicated"
-    if _COLUMN.search(name):
-        return "column"
-    return "row" if _ROW.search(name) else "replicated"
+    dim 0), ``"row"`` (split along its columns, dim 1) or ``"replicated"`` (:func:`tp_dim`)."""
+    return {0: "column", 1: "row", None: "replicated"}[tp_dim(name)]
 
 
 @dataclass(frozen=True)
@@ -134,15 +161,13 @@ def check_parallel(config: ModelConfig, world: int, tp: int = 1, pp: int = 1,
     check_layout(world, tp, pp, strategy)
 
 
-def _local_numel(shape: tuple[int, ...], split: str, tp: int, shard: int) -> int:
-    """Elements of one rank's piece of a tensor of ``shape``: split ``tp`` ways by its
-    ``split`` (column: dim 0, row: dim 1), then FSDP's ``shard`` ways along dim 0. An uneven
-    split gives the largest piece, ⌈n/N⌉ (torch.chunk; FSDP pads every shard to it)."""
+def _local_numel(shape: tuple[int, ...], split: int | None, tp: int, shard: int) -> int:
+    """Elements of one rank's piece of a tensor of ``shape``: split ``tp`` ways along dim
+    ``split`` (None: whole), then FSDP's ``shard`` ways along dim 0. An uneven split gives the
+    largest piece, ⌈n/N⌉ (torch.chunk; FSDP pads every shard to it)."""
     dims = list(shape) or [1]
-    if split == "column":
-        dims[0] = -(-dims[0] // tp)
-    elif split == "row":
-        dims[1] = -(-dims[1] // tp)
+    if split is not None:
+        dims[split] = -(-dims[split] // tp)
     dims[0] = -(-dims[0] // shard)
     return math.prod(dims)
 
@@ -158,8 +183,9 @@ def parallel_memory(model: nn.Module, world: int, tp: int = 1, pp: int = 1,
     - DDP (``strategy="ddp"``): every dp rank holds all it has, M;
     - FSDP / ZeRO-3 (``"fsdp"``): parameters, gradients and optimizer state sharded over the
       dp ranks, each tensor along dim 0: ⌈rows/dp⌉ rows each, M/dp when dp divides the rows;
-    - TP (``tp``): q/k/v and FFN w1/w3 column-wise, the attention output and w2 row-wise, each
-      rank h/tp heads and d_ff/tp units; embeddings, head, norms and row-wise biases whole;
+    - TP (``tp``): each tensor split as :data:`TENSOR_PARALLEL` says (q/k/v and FFN w1/w3 by
+      rows, the attention output and w2 by columns), each rank h/tp heads and d_ff/tp units;
+      embeddings, head, norms and the biases of the attention output and w2 whole;
     - PP (``pp``): ⌈L/pp⌉ layers per stage (:func:`stage_sizes`), the first stage with the
       embeddings, the last with the final norm and the head (a tied head is held by both
       stages); the largest stage is reported;
@@ -190,7 +216,7 @@ def parallel_memory(model: nn.Module, world: int, tp: int = 1, pp: int = 1,
             stage, seen_layer = layer_stage[int(found.group(2))], True
         else:  # embeddings before the first layer, the final norm and the head after the last
             stage = pp - 1 if seen_layer else 0
-        stages[stage].setdefault(id(p), _local_numel(tuple(p.shape), tp_split(name), tp, shard))
+        stages[stage].setdefault(id(p), _local_numel(tuple(p.shape), tp_dim(name), tp, shard))
     totals = [sum(s.values()) for s in stages]
     largest = max(range(pp), key=totals.__getitem__)
     numel = totals[largest]
