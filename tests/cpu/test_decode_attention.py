@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from attnlab.cpu import kernels as cpu_kernels
-from attnlab.nn import attention
 from attnlab.cpu.attention import decode_attention as scaled_dot_product_attention
 from attnlab.cpu.attention import kernel_applies
+from attnlab.nn import attention
 
 built = pytest.mark.skipif(not cpu_kernels.available(),
                            reason="attnlab's CPU kernels could not be built here")

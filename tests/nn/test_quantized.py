@@ -14,7 +14,6 @@ from attnlab.generation import generate
 from attnlab.models import GPT
 from attnlab.nn.quantized import (
     Int4Linear,
-    Int8Linear,
     float_dtype,
     pack_codes,
     quantize,
@@ -293,7 +292,7 @@ def _linears(sizes, in_features=64, bias=True, seed=0):
 def test_stacked_rows_give_each_layers_outputs_side_by_side(bits):
     """Every output row is computed on its own, so the stacked layer's values are the
     layers' own, bit for bit, on the decoding path (a few rows)."""
-    make = (lambda lin: KernelInt4Linear.from_linear(lin)) if bits == 4 else KernelInt8Linear.from_linear
+    make = KernelInt4Linear.from_linear if bits == 4 else KernelInt8Linear.from_linear
     layers = [make(lin) for lin in _linears([64, 32, 32])]
     fused = stack_rows(layers)
     assert type(fused) is type(layers[0]) and fused.out_features == 128
@@ -311,11 +310,13 @@ def test_layers_that_differ_are_not_stacked():
     assert stack_rows([four, eight]) is None  # two kinds
     assert stack_rows([a, b]) is None  # float layers: nothing to gain, a float GEMM rounds
     assert stack_rows([four, KernelInt4Linear.from_linear(b, group_size=64)]) is None
-    assert stack_rows([KernelInt8Linear.from_linear(a), KernelInt8Linear.from_linear(b, "dynamic")]) is None
+    eight_dynamic = KernelInt8Linear.from_linear(b, "dynamic")
+    assert stack_rows([KernelInt8Linear.from_linear(a), eight_dynamic]) is None
     assert stack_rows([four, KernelInt4Linear.from_linear(_linears([32], bias=False)[0])]) is None
     from attnlab.nn.lora import LoRALinear
 
-    adapted = LoRALinear(KernelInt4Linear.from_linear(a), r=2, alpha=4)  # no bias attribute of its own
+    # no bias attribute of its own
+    adapted = LoRALinear(KernelInt4Linear.from_linear(a), r=2, alpha=4)
     assert stack_rows([adapted, four]) is None and stack_rows([four, adapted]) is None
 
 
