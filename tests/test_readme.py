@@ -509,3 +509,12 @@ def test_the_readme_layout_lists_every_package_and_module():
             assert f"`attnlab/{path.name}/`" in layout, f"the README's layout lacks {path.name}/"
         elif path.suffix == ".py" and path.name != "__init__.py":
             assert f"{path.name}`" in layout, f"the README's layout lacks {path.name}"
+
+
+def test_environment_variables_in_the_docs_exist():
+    named = {v for text in TEXT.values() for v in re.findall(r"\bATTNLAB_[A-Z0-9_]+", text)}
+    assert "ATTNLAB_MAX_STEPS" in named
+    source = "\n".join(p.read_text() for folder in ("attnlab", "tests", "benchmarks")
+                       for p in (ROOT / folder).rglob("*.py")) + (ROOT / "Makefile").read_text()
+    missing = sorted(v for v in named if v not in source)
+    assert not missing, f"the docs name variables nothing reads: {missing}"
