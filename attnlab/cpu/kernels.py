@@ -60,6 +60,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -183,12 +184,41 @@ def _load() -> bool:
     return True
 
 
+def _build_name(cflags: list[str], ldflags: list[str]) -> str:
+    """The build's folder name: a hash of the sources, their folder, torch, the platform and
+    the flags. The folder is part of it because ninja's build file names the sources by path:
+    two installed copies of attnlab sharing one build folder would rebuild it in turn."""
+    parts = [*(f.read_text() for f in _SOURCES + _HEADERS), str(_CSRC.resolve()),
+             torch.__version__, sys.platform, platform.machine(), *cflags, *ldflags]
+    return "attnlab_kernels_" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+STALE_LOCK_SECONDS = 600  # a build holds its lock for a minute or two at most
+
+
+def _clear_stale_lock(where: Path) -> bool:
+    """Remove a build lock left behind by a process killed while it built (torch's lock file
+    holds no owner, so every later process would wait on it for ever): one older than
+    :data:`STALE_LOCK_SECONDS`. Whether one was removed."""
+    lock = where / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:  # none
+        return False
+    if age < STALE_LOCK_SECONDS:
+        return False
+    try:
+        lock.unlink()
+    except OSError:
+        return False
+    warnings.warn(f"removed a stale kernel build lock ({lock}, {age / 60:.0f} minutes old)",
+                  RuntimeWarning, stacklevel=3)
+    return True
+
+
 def _build(cflags: list[str], ldflags: list[str]) -> bool | str:
     """True once the kernels built with these flags are loaded, else why not."""
-    parts = [*(f.read_text() for f in _SOURCES + _HEADERS), torch.__version__, sys.platform,
-             platform.machine(), *cflags, *ldflags]
-    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    name = f"attnlab_kernels_{key}"
+    name = _build_name(cflags, ldflags)
     where = _cache_dir() / name
     failed = where / "FAILED"  # a failed build is not retried by every process
     if failed.is_file():
@@ -197,6 +227,7 @@ def _build(cflags: list[str], ldflags: list[str]) -> bool | str:
         from torch.utils import cpp_extension
 
         where.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(where)
         cpp_extension.load(name, [str(f) for f in _SOURCES], extra_cflags=cflags,
                            extra_ldflags=ldflags, build_directory=str(where),
                            is_python_module=False, verbose=False)

@@ -5,6 +5,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,35 @@ def test_an_unwritable_cache_folder_falls_back_to_the_temporary_one(tmp_path, mo
     assert folder.parent.parent == Path(tempfile.gettempdir())
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "fine"))
     assert cpu_kernels._cache_dir() == tmp_path / "fine" / "kernels"
+
+
+def test_two_copies_of_the_sources_build_in_two_folders(tmp_path, monkeypatch):
+    """ninja's build file names the sources by path: two installed copies of attnlab (two
+    checkouts, two environments) that shared a build folder would rebuild it in turn."""
+    here = cpu_kernels._build_name(["-O3"], [])
+    copy = tmp_path / "csrc"
+    copy.mkdir()
+    for f in cpu_kernels._SOURCES + cpu_kernels._HEADERS:
+        (copy / f.name).write_text(f.read_text())
+    monkeypatch.setattr(cpu_kernels, "_CSRC", copy)
+    monkeypatch.setattr(cpu_kernels, "_SOURCES", [copy / f.name for f in cpu_kernels._SOURCES])
+    monkeypatch.setattr(cpu_kernels, "_HEADERS", [copy / f.name for f in cpu_kernels._HEADERS])
+    assert cpu_kernels._build_name(["-O3"], []) != here
+    assert cpu_kernels._build_name(["-O3", "-mavx2"], []) != cpu_kernels._build_name(["-O3"], [])
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path):
+    """torch's build lock names no owner: one left by a build that was killed would make every
+    later process wait for ever."""
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    assert not cpu_kernels._clear_stale_lock(tmp_path) and lock.exists()  # a build under way
+    old = time.time() - cpu_kernels.STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    with pytest.warns(RuntimeWarning, match="stale kernel build lock"):
+        assert cpu_kernels._clear_stale_lock(tmp_path)
+    assert not lock.exists()
+    assert not cpu_kernels._clear_stale_lock(tmp_path)  # none there
 
 
 def _int8_case(rows, out_features, in_features, group, seed=0):
