@@ -23,6 +23,7 @@ from attnlab.config import ModelConfig
 from attnlab.data import load_corpus
 from attnlab.errors import BadInput
 from attnlab.generation import cross_attention, exact_match, translate
+from attnlab.storage import CHECKPOINTS, list_checkpoints
 from attnlab.training.guard import RunLock
 from attnlab.training.recipes import train_translation
 from attnlab.training.schedule import CosineSchedule, schedule_to_dict
@@ -42,9 +43,9 @@ def run_demo(out_dir: str = "runs/demo", steps: int = 1500, time_budget: float |
         raise BadInput(f"--steps must be >= 1, got {steps}")
     out = Path(out_dir)
     with RunLock(out):  # never clear a folder another demo or trainer is writing
-        if (out / "checkpoints").exists():  # the demo's own scratch folder: start afresh
+        if (out / CHECKPOINTS).exists():  # the demo's own scratch folder: start afresh
             log(f"removing the previous demo run in {out}")
-            shutil.rmtree(out / "checkpoints")
+            shutil.rmtree(out / CHECKPOINTS)
         return _train_and_report(out, steps, time_budget, n_train, n_test, seed, precision,
                                  device, log)
 
@@ -78,7 +79,7 @@ def _train_and_report(out: Path, steps: int, time_budget: float | None, n_train:
         log(f"  {src}\n    -> {hyp}")
     curve = plot_loss_curve(out / "metrics.jsonl", out / "loss_curve.png")
     heatmap = cross_attention_heatmap(model, toks, EXAMPLES[1], out / "cross_attention.png")
-    ckpt = sorted((out / "checkpoints").glob("step-*"))[-1]
+    ckpt = list_checkpoints(out / CHECKPOINTS)[-1]
     log(f"\ncheckpoint:   {ckpt}\nloss curve:   {curve}\nheatmap:      {heatmap}\n"
         f"metrics:      {out / 'metrics.jsonl'}\n"
         f"try:          attnlab translate --model {out} \"{EXAMPLES[0]}\"")

@@ -2,7 +2,8 @@
 
 ``attnlab.load(spec)`` accepts
 
-* a training run folder (its ``final/`` model, else its newest checkpoint),
+* a training run folder (its ``final/`` model, else its newest checkpoint: the run folder's
+  rules, :func:`resolve_model_dir`, are here too),
 * an attnlab model or checkpoint folder (``model.safetensors`` + ``config.json`` +
   ``tokenizers.json``),
 * a Hugging Face folder (``config.json`` with a ``model_type``, safetensors weights, and
@@ -232,9 +233,21 @@ def smollm2_path() -> Path:
 ALIASES: dict[str, Callable[[], Path]] = {MINILM: minilm_path, "smollm2": smollm2_path}
 
 
-# --- attnlab model folders -----------------------------------------------------------------
-_STEP_DIR = re.compile(r"^step-(\d{8})$")  # a run's checkpoints/step-00001234
+# --- a run folder: its parts, its checkpoints, the weights it means ---------------------------
+# RUN/checkpoints/step-00001234/ (a checkpoint: a model folder, its trainer_state.pt and, for a
+# sharded run, sharded/; written by attnlab.training.checkpoint), RUN/best/ (the best model so
+# far, kept by early stopping), RUN/final/ (the model the run ends with: best/, or an average).
+# final/ and best/ record the training step they hold in step.json; a checkpoint's name says it.
+CHECKPOINTS = "checkpoints"  # RUN/checkpoints/step-N
+BEST = "best"
+FINAL = "final"
 STEP_FILE = "step.json"  # in final/ and best/: {"step": N}, the training step they hold
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
+    """The folder of step ``step``'s checkpoint under ``root`` (a run's ``checkpoints/``)."""
+    return Path(root) / f"step-{step:08d}"
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -243,6 +256,14 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
+
+
+def prune_checkpoints(root: str | os.PathLike, keep_last: int | None) -> None:
+    """Remove all but the ``keep_last`` newest checkpoints under ``root`` (None or 0: keep
+    every one)."""
+    if keep_last:
+        for old in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def checkpoint_step(folder: Path) -> int | None:
@@ -269,8 +290,8 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
         raise MissingFile(f"model folder not found: {path}")
     if (path / "model.safetensors").exists():
         return path
-    final = path / "final"
-    found = list_checkpoints(path / "checkpoints")
+    final = path / FINAL
+    found = list_checkpoints(path / CHECKPOINTS)
     newest = found[-1] if found else None
     if (final / "model.safetensors").exists():
         made_at = checkpoint_step(final)
@@ -284,6 +305,7 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     raise MissingFile(f"no model.safetensors in {path} or its checkpoints")
 
 
+# --- attnlab model folders -----------------------------------------------------------------
 def load_model_dir(path: str | os.PathLike):
     """``(model, config, tokenizers)`` from a model, checkpoint or run folder, in eval mode."""
     from attnlab import build

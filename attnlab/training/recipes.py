@@ -39,7 +39,7 @@ from attnlab.data import (
 from attnlab.errors import BadInput
 from attnlab.files import read_text
 from attnlab.interop import peft
-from attnlab.storage import list_checkpoints, load_weights, save_model_dir
+from attnlab.storage import BEST, CHECKPOINTS, FINAL, list_checkpoints, load_weights, save_model_dir
 from attnlab.tokenizers import (
     BPETokenizer,
     CharTokenizer,
@@ -92,7 +92,7 @@ class Recipe:
         """The run's end, given the model it ends with (the one early stopping kept, when it
         kept one). By default that kept model becomes ``final/``, so the run folder means it
         (otherwise the run folder means its newest checkpoint); no results."""
-        if (out_dir / "best").exists():
+        if (out_dir / BEST).exists():
             write_final(model, prepared, out_dir, rank)
         return {}
 
@@ -111,7 +111,7 @@ def run(recipe: Recipe, out_dir: str | Path, model_config: ModelConfig,
 
 def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
          train_config: TrainConfig, resume: bool, log) -> TrainedRun:
-    if not resume and list_checkpoints(out_dir / "checkpoints"):  # never mix two runs
+    if not resume and list_checkpoints(out_dir / CHECKPOINTS):  # never mix two runs
         raise BadInput(f"{out_dir} already holds checkpoints: pass --resume to continue that "
                        "run, or choose another --out")
     prepared = recipe.prepare(model_config, train_config)
@@ -135,8 +135,8 @@ def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
     history = trainer.fit()
     prepared.state["step"] = trainer.step  # what final/ records it was made at
     model = trainer.full_model()  # whole again, on every rank, if the plan had split it
-    if (out_dir / "best").exists():  # early stopping kept a model: the run ends with that one
-        load_weights(model, out_dir / "best")
+    if (out_dir / BEST).exists():  # early stopping kept a model: the run ends with that one
+        load_weights(model, out_dir / BEST)
     results = recipe.finish(model, prepared, out_dir, rank)
     if model.config.adapter and rank == 0:  # the adapter alone, as peft writes it
         peft.save_adapter(model, out_dir / "adapter", str(train_config.adapter.get("base", "")))
@@ -345,7 +345,7 @@ def write_final(model: nn.Module, prepared: Prepared, out_dir: Path, rank: int) 
     """``model`` as ``out_dir/final`` (rank 0 writes), recorded as made at the run's last step
     (so a run folder means it until training resumes past that step)."""
     if rank == 0:
-        save_model_dir(out_dir / "final", model, model.config,
+        save_model_dir(out_dir / FINAL, model, model.config,
                        {k: t.to_dict() for k, t in prepared.tokenizers.items()},
                        step=prepared.state["step"])
 

@@ -7,9 +7,10 @@ command read, in one process) plus ``sharded/``: DCP's files, each rank's part o
 and of the optimizer state, which only ``--resume`` reads. DCP reshards on load, so a run
 saved by N ranks resumes on M.
 
-Atomicity: every rank writes its part into one temporary folder; after a barrier, rank 0
-moves it into the checkpoint's own temporary folder and renames that into place
-(:func:`attnlab.storage.save_model_dir`), so ``step-N/`` appears whole or not at all.
+Atomicity: every rank writes its part into one temporary folder (:func:`write_shards`); after
+a barrier, rank 0 moves it into the checkpoint's own temporary folder and renames that into
+place (:func:`attnlab.training.checkpoint.save_checkpoint`, the one checkpoint writer, through
+:func:`attnlab.storage.save_model_dir`), so ``step-N/`` appears whole or not at all.
 
 DCP writes its metadata with ``pickle`` and the optimizer's non-tensor values with
 ``torch.save``. A checkpoint folder is a file from a user: the metadata is read by an
@@ -20,10 +21,8 @@ unpickler that knows only DCP's own record types, and the values with
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -131,27 +130,25 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
                    optim_state_dict=state["optimizer"])
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, plain: torch.nn.Module | None,
-                    write: Callable[[torch.nn.Module, dict], Path]) -> Path | None:
-    """One sharded checkpoint ``ckpt_dir/step-N`` (a collective call): every rank writes its
-    shards of ``model`` and ``optimizer`` into one temporary folder; then on rank 0
-    ``write(plain, extra_files)`` writes the model folder of ``plain`` (the gathered weights)
-    around the shards and renames it into place. Returns the folder on rank 0."""
-    tmp = ckpt_dir / f".tmp-{SHARDED}-{step:08d}"
+def write_shards(root: Path, step: int, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer) -> Path:
+    """Every rank's shards of ``model`` and ``optimizer`` for step ``step``'s checkpoint,
+    written into one temporary folder under ``root`` (a collective call; every rank returns
+    once all are on disk). :func:`attnlab.training.checkpoint.save_checkpoint` then moves the
+    folder into the checkpoint as ``sharded/``."""
+    tmp = root / f".tmp-{SHARDED}-{step:08d}"
 
     def fresh_folder() -> None:
         try:
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
         except OSError as e:
-            raise WriteFailed(f"{ckpt_dir}: could not be written ({e.strerror or e})") from None
+            raise WriteFailed(f"{root}: could not be written ({e.strerror or e})") from None
 
     distributed.from_main(fresh_folder)  # every rank waits for it, or stops with it
     save_sharded(tmp, model, optimizer)
     distributed.barrier()  # every rank's part is on disk
-    return distributed.from_main(
-        lambda: write(plain, {SHARDED: lambda path: os.replace(tmp, path)}))
+    return tmp
 
 
 def resumable(folder: Path, state: dict, sharded: bool, layout: dict) -> bool:
@@ -201,5 +198,5 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                                                                 cpu_offload=True))
 
 
-__all__ = ["SHARDED", "resumable", "plain_model", "save_checkpoint", "save_sharded",
+__all__ = ["SHARDED", "resumable", "plain_model", "write_shards", "save_sharded",
            "load_sharded", "full_model_state"]

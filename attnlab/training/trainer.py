@@ -35,9 +35,16 @@ from torch import nn
 from attnlab import hardware
 from attnlab.data.stream import to_device
 from attnlab.errors import AttnlabError, BadInput, Stopped, WriteFailed
-from attnlab.storage import list_checkpoints, load_weights, remove_temporaries, save_model_dir
+from attnlab.storage import (
+    BEST,
+    CHECKPOINTS,
+    list_checkpoints,
+    load_weights,
+    remove_temporaries,
+    save_model_dir,
+)
 from attnlab.training import distributed, parallel, sharded
-from attnlab.training.checkpoint import load_trainer_state, save_checkpoint
+from attnlab.training.checkpoint import last_good, load_trainer_state, save_checkpoint
 from attnlab.training.guard import StopSignals
 from attnlab.training.objectives import classification_metrics, evaluate
 from attnlab.training.schedule import schedule_from_dict
@@ -124,7 +131,7 @@ class Trainer:
         self.step = self.saved_step = 0
         self.best_val, self.evals_since_best = math.inf, 0  # the best so far; early stopping
         self.fault = _fault_hook()
-        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.ckpt_dir = self.out_dir / CHECKPOINTS
         self.metrics_path = self.out_dir / "metrics.jsonl"
 
     # --- state ---------------------------------------------------------------------------
@@ -151,30 +158,17 @@ class Trainer:
         return self.plan.tp > 1 and bool(self.model_config.fused_qkv)
 
     def save(self) -> Path | None:
-        """Write this step's checkpoint (rank 0; every rank writes its shards of a sharded
-        run); a failed write names the last good one."""
+        """Write this step's checkpoint (:func:`save_checkpoint`): rank 0 writes it, and under
+        a sharded plan every rank writes its shards into it and rank 0 writes the gathered
+        weights around them; a failed write names the last good one."""
         self.saved_step = self.step
-        if self.plan.sharded:
-            return self._save_sharded()
-        if not self.is_main:
+        if not (self.plan.sharded or self.is_main):
             return None
-        return self._write_checkpoint(self.model)
-
-    def _write_checkpoint(self, model: nn.Module, extra=None) -> Path:
-        try:
-            return save_checkpoint(self.ckpt_dir, self.step, model, self.model_config,
-                                   self.tokenizers, self.state(), self.cfg.keep_last, self.fault,
-                                   extra)
-        except WriteFailed as e:
-            kept = list_checkpoints(self.ckpt_dir)
-            raise WriteFailed(f"{e}; training stopped at step {self.step}, last good checkpoint: "
-                              f"{kept[-1] if kept else 'none written yet'}") from None
-
-    def _save_sharded(self) -> Path | None:
-        """Every rank's shards and rank 0's model folder of the gathered weights, as one
-        checkpoint (:func:`sharded.save_checkpoint`)."""
-        return sharded.save_checkpoint(self.ckpt_dir, self.step, self.trained, self.optimizer,
-                                       self._plain_on_main(), self._write_checkpoint)
+        shards = (self.trained, self.optimizer) if self.plan.sharded else None
+        model = self._plain_on_main() if self.plan.sharded else self.model
+        return save_checkpoint(self.ckpt_dir, self.step, model, self.model_config,
+                               self.tokenizers, self.state() if self.is_main else None,
+                               self.cfg.keep_last, self.fault, shards)
 
     def _plain_on_main(self) -> nn.Module | None:
         """A sharded run's model as one plain module of its gathered weights on rank 0 (None
@@ -202,7 +196,7 @@ class Trainer:
         write stops every rank)."""
         model = self._plain_on_main() if self.plan.sharded else self.model
         distributed.from_main(lambda: save_model_dir(
-            self.out_dir / "best", model, self.model_config, self.tokenizers, step=self.step))
+            self.out_dir / BEST, model, self.model_config, self.tokenizers, step=self.step))
 
     def resume(self) -> bool:
         """Continue from the newest checkpoint in ``out_dir``; False if there is none. A
@@ -273,10 +267,9 @@ class Trainer:
         nll_sum = distributed.all_reduce_sum(nll_sum, sum_group)
         if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
-            kept = list_checkpoints(self.ckpt_dir)
             raise TrainingDiverged(
                 f"loss became {loss_sum} at step {self.step + 1}; training stopped, last good "
-                f"checkpoint: {kept[-1] if kept else 'none written yet'}"
+                f"checkpoint: {last_good(self.ckpt_dir)}"
             )
         if self.pipeline is not None:
             self.pipeline.sync_tied()
@@ -326,10 +319,9 @@ class Trainer:
             metrics.write(json.dumps(row) + "\n")
             metrics.flush()
         except OSError as e:
-            kept = list_checkpoints(self.ckpt_dir)
             raise WriteFailed(f"{self.metrics_path}: could not be written ({e.strerror or e}); "
                               f"training stopped at step {self.step}, last good checkpoint: "
-                              f"{kept[-1] if kept else 'none written yet'}") from None
+                              f"{last_good(self.ckpt_dir)}") from None
 
     def _track_best(self, val_loss: float) -> bool:
         """Note the best validation loss so far and, when early stopping is on, keep that
