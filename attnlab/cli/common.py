@@ -340,11 +340,13 @@ def add_compile_arg(p: argparse.ArgumentParser, default: bool = False) -> None:
 
 
 def compiled_step(args: argparse.Namespace, encoder_decoder: bool = False):
-    """The compiled one-token step that ``--compile`` asks for, or None
-    (:func:`attnlab.generation.pipeline.compiled_step`)."""
-    from attnlab.generation.pipeline import compiled_step as step
+    """The compiled one-token step that ``--compile`` asks for (of an encoder–decoder with
+    ``encoder_decoder``), or None: nothing is compiled, nothing imported."""
+    if not args.compile:
+        return None
+    from attnlab.generation.compiled import new_step
 
-    return step(args.compile, encoder_decoder)
+    return new_step(encoder_decoder)
 
 
 def decoding_options(args: argparse.Namespace, rows: int = 1):
@@ -387,7 +389,7 @@ def check_decoding_args(args: argparse.Namespace, decoding, ids) -> None:
     """The decoding pipeline's check of ``ids`` and the sampling settings, its error naming the
     flag rather than the keyword argument (``decoding``: a
     :class:`~attnlab.generation.pipeline.Decoding`, or None to check the options alone)."""
-    from attnlab.generation.sampling import check_decoding
+    from attnlab.generation.decode import check_decoding
 
     try:
         if decoding is not None:

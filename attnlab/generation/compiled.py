@@ -236,6 +236,12 @@ def _may_skip_guards() -> bool:
             and getattr(stance, "backend", "?") is None)
 
 
+def new_step(encoder_decoder: bool = False) -> CompiledStep:
+    """A :class:`CompiledStep` of a decoder-only model's one-token step (with
+    ``encoder_decoder``, of an encoder–decoder's), compiled on its first call."""
+    return CompiledStep(function=encoder_decoder_token if encoder_decoder else one_token)
+
+
 class StaticDecoding:
     """The static-cache side of :func:`~attnlab.generation.decode.generate`: made from
     the growing cache the prompt filled, then one compiled step a token."""

@@ -1,8 +1,8 @@
 """Deprecated: the old home of decoder-only generation, kept for one release.
 
-Its pieces now live where they belong: the loop in :mod:`attnlab.generation.decode`, the
-sampling step in :mod:`attnlab.generation.sampling`, the text streams in
-:mod:`attnlab.generation.streams`, and the CPU preparation (``for_decoding``) in
+Its pieces now live where they belong: the loop and its sampling step in
+:mod:`attnlab.generation.decode`, the text streams in the decoding pipeline,
+:mod:`attnlab.generation.pipeline`, and the CPU preparation (``for_decoding``) in
 :mod:`attnlab.cpu`. Each name read from here still works, with a ``DeprecationWarning``.
 """
 
@@ -13,11 +13,11 @@ import warnings
 
 _MOVED = {
     "generate": "attnlab.generation.decode",
-    "check_decoding": "attnlab.generation.sampling",
-    "filter_logits": "attnlab.generation.sampling",
-    "penalise_repeats": "attnlab.generation.sampling",
-    "TextStream": "attnlab.generation.streams",
-    "StopStream": "attnlab.generation.streams",
+    "check_decoding": "attnlab.generation.decode",
+    "filter_logits": "attnlab.generation.decode",
+    "penalise_repeats": "attnlab.generation.decode",
+    "TextStream": "attnlab.generation.pipeline",
+    "StopStream": "attnlab.generation.pipeline",
     "for_decoding": "attnlab.cpu.prepare",
     "float32_activations_": "attnlab.cpu.prepare",
     "integer_head": "attnlab.cpu.prepare",

@@ -6,6 +6,7 @@ decoder-only model and the decoding options, then used for every prompt.
     check     the prompt and the sampling settings, before anything is printed
     decode    ``generate`` (or speculative decoding), one sampling step a token
     stream    the reply's text as it grows, held back at a partial character or stop string
+              (:class:`TextStream`, :class:`StopStream`: ``serve`` sends the same pieces)
     time      the load, compile, prompt and generated rates, as llama.cpp counts them
 
 The command-line layer parses flags into :class:`DecodingOptions` and prints what this returns;
@@ -23,12 +24,9 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import BadInput
-from attnlab.generation.decode import generate
-from attnlab.generation.sampling import check_decoding
-from attnlab.generation.streams import StopStream
+from attnlab.generation.decode import check_decoding, generate
 
 if TYPE_CHECKING:
-    from attnlab.generation.compiled import CompiledStep
     from attnlab.storage import Loaded
 
 
@@ -94,17 +92,6 @@ def integer_label(bits: int) -> str:
     return label + (", float32 activations" if kernels.available() else "")
 
 
-def compiled_step(compile: bool, encoder_decoder: bool = False) -> CompiledStep | None:
-    """The :class:`~attnlab.generation.compiled.CompiledStep` of a decoder-only (or, with
-    ``encoder_decoder``, an encoder–decoder's) one-token step, or None when ``compile`` is
-    off (nothing is compiled, nothing imported)."""
-    if not compile:
-        return None
-    from attnlab.generation.compiled import CompiledStep, encoder_decoder_token, one_token
-
-    return CompiledStep(function=encoder_decoder_token if encoder_decoder else one_token)
-
-
 def timing_line(load_s: float, compile_s: float, prompt_tokens: int, begun: float,
                 ticks: list[float]) -> str:
     """``timing: load L s | compile C s | prompt P tokens, R tokens/s | generated N tokens,
@@ -156,7 +143,11 @@ class Decoding:
         self.model = for_decoding(loaded.model, self.runtime.device, self.runtime.precision,
                                   options.bits is not None, rows=options.rows,
                                   kv_cache=options.kv_cache)
-        self.compiled = compiled_step(options.compile)
+        self.compiled = None  # (nothing compiled, nothing imported, unless asked)
+        if options.compile:
+            from attnlab.generation.compiled import new_step
+
+            self.compiled = new_step()
 
     @property
     def device(self) -> torch.device:
@@ -229,5 +220,85 @@ class Interrupted(Exception):
         self.reply = reply
 
 
-__all__ = ["Decoding", "DecodingOptions", "Interrupted", "Reply", "Runtime", "compiled_step",
-           "decoding_runtime", "integer_label", "timing_line"]
+# --- text, streamed ----------------------------------------------------------------------------
+# Decoding yields token ids; a client wants text. Two things make the newest text provisional:
+# a byte-level token may end inside a UTF-8 character (it decodes to U+FFFD until the next
+# token completes it), and the text may end in the beginning of a stop string (``<|im_`` before
+# ``end|>``), which must not be shown if the stop string follows. TextStream holds such an end
+# back until a later token settles it and cuts the text before the first stop string; `attnlab
+# serve` sends its pieces as server-sent chunks, StopStream writes them for generate and chat.
+
+class TextStream:
+    """The text of a growing list of token ids, released piece by piece. A piece is held back
+    while it ends in a partial UTF-8 character (``\\ufffd``) or in what could be the start of
+    a stop string; :attr:`stopped` is set (and the text cut before it) when one appears."""
+
+    def __init__(self, decode, stops: list[str]):
+        self.decode, self.stops = decode, stops
+        self.ids: list[int] = []
+        self.text = ""  # released so far
+        self.stopped = False
+
+    def feed(self, ids: list[int], final: bool = False) -> str:
+        """Add ``ids``; the text that may be sent now (``final``: everything that is left)."""
+        self.ids.extend(ids)
+        if self.stopped:
+            return ""
+        full = self.decode(self.ids)
+        hit = min((full.find(s) for s in self.stops if s in full), default=-1)
+        if hit >= 0:
+            self.stopped = True
+            full = full[:hit]
+        elif not final:
+            full = full.rstrip("\ufffd")
+            hold = max((k for s in self.stops for k in range(1, min(len(s), len(full) + 1))
+                        if full.endswith(s[:k])), default=0)
+            full = full[: len(full) - hold]
+        if len(full) <= len(self.text) or not full.startswith(self.text):
+            return ""
+        piece, self.text = full[len(self.text):], full
+        return piece
+
+
+class StopStream:
+    """``generate``'s ``on_token``: writes the text of the new tokens to ``out`` as it grows
+    (a :class:`TextStream`), and stops at the first of ``stop_ids`` or ``stops`` (strings),
+    neither of which is written. :meth:`finish` writes what is left and returns the reply.
+    ``ticks`` holds when each new token was ready (the CLI's timing line).
+    ``skip_special=False`` keeps special tokens in the text, so that a stop string such as
+    ``<|eot_id|>`` is seen."""
+
+    def __init__(self, tokenizer, stops=(), stop_ids=(), out=None, skip_special: bool = True):
+        self.stream = TextStream(lambda ids: tokenizer.decode(ids, skip_special=skip_special),
+                                 [s for s in stops if s])
+        self.stop_ids = set(stop_ids)
+        self.out = sys.stdout if out is None else out
+        self.seen = 0  # tokens fed to the stream
+        self.stopped = False
+        self.ticks: list[float] = []
+
+    def __call__(self, new_ids) -> bool:
+        """``new_ids (1, n)``: every new token so far; True once a stop is reached."""
+        self.ticks.append(time.perf_counter())
+        ids = new_ids[0, self.seen:].tolist()
+        self.seen = new_ids.shape[1]
+        cut = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
+        if cut is not None:
+            ids, self.stopped = ids[:cut], True
+        self._write(self.stream.feed(ids, final=self.stopped))
+        self.stopped |= self.stream.stopped
+        return self.stopped
+
+    def _write(self, piece: str) -> None:
+        if piece:
+            self.out.write(piece)
+            self.out.flush()
+
+    def finish(self) -> str:
+        """Write the rest of the reply (what was held back); return the whole reply."""
+        self._write(self.stream.feed([], final=True))
+        return self.stream.text
+
+
+__all__ = ["Decoding", "DecodingOptions", "Interrupted", "Reply", "Runtime", "StopStream",
+           "TextStream", "decoding_runtime", "integer_label", "timing_line"]

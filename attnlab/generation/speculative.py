@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from attnlab.cpu.attention import attention_kernel_
 from attnlab.errors import BadInput
-from attnlab.generation.sampling import check_decoding
+from attnlab.generation.decode import check_decoding
 
 
 @dataclass

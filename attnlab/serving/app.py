@@ -8,7 +8,7 @@
 
 Completions and chats go to one :class:`~attnlab.serving.engine.Engine`, which decodes every
 request in flight in one batch. A streamed response sends each piece of text as soon as it is
-safe (:class:`~attnlab.generation.streams.TextStream`) in OpenAI's server-sent chunks, then
+safe (:class:`~attnlab.generation.pipeline.TextStream`) in OpenAI's server-sent chunks, then
 ``data: [DONE]``. A client that goes away, a stop string and the per-request time limit end
 the request's row in the engine at its next step.
 """
@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnlab.errors import BadInput
 from attnlab.generation.chat import stop_token_ids
-from attnlab.generation.streams import TextStream
+from attnlab.generation.pipeline import TextStream
 from attnlab.serving import protocol as api
 from attnlab.serving.engine import Engine
 from attnlab.serving.engine import Request as EngineRequest

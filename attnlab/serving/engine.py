@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep
-from attnlab.generation.sampling import next_tokens
+from attnlab.generation.decode import next_tokens
 from attnlab.serving.static_batch import StaticBatch
 
 

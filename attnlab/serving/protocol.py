@@ -1,6 +1,6 @@
 """OpenAI's HTTP API as attnlab speaks it: requests checked field by field, responses and
 stream chunks in OpenAI's shapes (the text itself comes from
-:class:`~attnlab.generation.streams.TextStream`).
+:class:`~attnlab.generation.pipeline.TextStream`).
 
 A request body is untrusted input: its size is bounded before it is parsed, every field is
 checked for its type and range, and a problem becomes an OpenAI error object

@@ -253,7 +253,7 @@ def test_the_oldest_turns_go_when_the_context_is_full(capsys, monkeypatch, model
 
 
 def test_stop_stream_holds_back_what_may_become_a_stop_string():
-    from attnlab.generation.streams import StopStream
+    from attnlab.generation.pipeline import StopStream
 
     tok, out = tokenizer(), io.StringIO()
     stream = StopStream(tok, ["<|im_end|>", "END"], out=out, skip_special=False)

@@ -9,7 +9,7 @@ from attnlab import GPT, ModelConfig
 from attnlab.cpu import kernels as cpu_kernels
 from attnlab.cpu.linear import KernelLinear
 from attnlab.generation import decoding_layout_, filter_logits, generate
-from attnlab.generation.sampling import penalise_repeats
+from attnlab.generation.decode import penalise_repeats
 
 
 def model(preset):

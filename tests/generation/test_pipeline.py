@@ -10,9 +10,8 @@ import torch
 
 from attnlab import GPT, ModelConfig
 from attnlab.errors import BadInput
-from attnlab.generation.decode import generate
+from attnlab.generation.decode import generate, next_tokens
 from attnlab.generation.pipeline import Decoding, DecodingOptions, decoding_runtime
-from attnlab.generation.sampling import next_tokens
 from attnlab.storage import load, save_model_dir
 from attnlab.tokenizers.base import CharTokenizer
 

@@ -19,7 +19,7 @@ from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep
 from attnlab.generation.decode import generate
-from attnlab.generation.streams import TextStream
+from attnlab.generation.pipeline import TextStream
 from attnlab.serving.engine import Engine, Request
 
 FAMILIES = {
