@@ -11,7 +11,7 @@ the course's formula (docs/scaling.md).
    per rank after one step, from ``MemTracker`` (one process, DDP) and
    ``FSDPMemTracker`` (FSDP2 through ``parallel.apply_fsdp``), beside
    ``attnlab.placement.parallel_memory`` (M per rank for DDP, M/N for FSDP).
-3. Pipeline bubble: 2 stages (``attnlab.training.pipeline.Pipeline``, GPipe) on 2 gloo ranks,
+3. Pipeline bubble: 2 stages (``attnlab.training.stages.Pipeline``, GPipe) on 2 gloo ranks,
    1 thread each, B = 1, 2, 4, 8 micro-batches: the step time T_pp(B) (forward + backward, the
    slower rank's, median), against T_1, one process with 1 thread running the whole model on
    the same batch. Measured efficiency T_1 / (N·T_pp) beside the course's B / (B + N − 1).
@@ -42,7 +42,7 @@ from attnlab.data.stream import LMBatch
 from attnlab.placement import parallel_memory
 from attnlab.training import parallel
 from attnlab.training.objectives import CausalLM
-from attnlab.training.pipeline import Pipeline
+from attnlab.training.stages import Pipeline
 
 FULL = dict(model=dict(n_decoder_layers=12, d_model=256, n_heads=4, d_ff=1024),
             ckpt_batch=(8, 256), mem_batch=(4, 128), pipe_batch=(8, 128), micro=(1, 2, 4, 8))

@@ -12,7 +12,7 @@ other exchange the most):
   h / N heads and one all-reduce joins them; the FFN's W₁ (and W₃) column-wise, W₂ row-wise.
   Embeddings, head and norms are replicated.
 * **pipeline parallel** (``--pp N``): at most ⌈L / N⌉ layers per stage, micro-batches
-  through a GPipe or 1F1B schedule (:mod:`attnlab.training.pipeline`); a bubble leaves the
+  through a GPipe or 1F1B schedule (:mod:`attnlab.training.stages`); a bubble leaves the
   efficiency at B / (B + N − 1) for B micro-batches.
 * **activation checkpointing** (:mod:`attnlab.training.recompute`), applied first: a
   checkpointed block keeps only its input and recomputes its inside during backward (memory
@@ -38,8 +38,8 @@ from attnlab.errors import BadInput
 from attnlab.nn.multihead import MultiHeadAttention
 from attnlab.placement import STRATEGIES, check_layout, check_parallel, tp_children
 from attnlab.training import distributed
-from attnlab.training.pipeline import SCHEDULES, Pipeline
 from attnlab.training.recompute import MODES, apply_checkpointing, layer_stacks
+from attnlab.training.stages import SCHEDULES, Pipeline
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def from_environment(strategy: str | None = None, tp: int = 1, pp: int = 1,
 
 
 # --- the mesh --------------------------------------------------------------------------------
-class Layout:
+class RankMesh:
     """This rank's place in the plan's mesh: its data-parallel group and rank, its tensor- and
     pipeline-parallel groups, and the sub-meshes the engine's APIs take."""
 
@@ -164,7 +164,7 @@ class Placed:
     ``autocast`` the precision autocast runs in (fp32 under FSDP, whose
     ``MixedPrecisionPolicy`` casts instead)."""
 
-    layout: Layout
+    layout: RankMesh
     trained: nn.Module
     train_model: nn.Module
     pipeline: object | None
@@ -176,7 +176,7 @@ def place(model: nn.Module, task, plan: ParallelPlan, device: torch.device,
     """Apply ``plan`` to ``model`` in place, in the order the engine needs: activation
     checkpointing, then either the pipeline split, or tensor parallelism and then FSDP over
     the data-parallel ranks (a 2-D mesh with both); under plain data parallelism, DDP."""
-    layout = Layout(plan, device)
+    layout = RankMesh(plan, device)
     autocast = "fp32" if plan.strategy == "fsdp" else precision
     apply_checkpointing(model, plan.checkpointing)
     if plan.pp > 1:
@@ -202,7 +202,7 @@ def grad_scaler(plan: ParallelPlan, device: torch.device, precision: str):
 
 
 # --- tensor parallelism ----------------------------------------------------------------------
-def apply_tensor_parallel(model: nn.Module, layout: Layout) -> None:
+def apply_tensor_parallel(model: nn.Module, layout: RankMesh) -> None:
     """Megatron's plan, :data:`attnlab.placement.TENSOR_PARALLEL` (the table the memory
     planner reads too), through ``parallelize_module``: every module the table names has the
     layers it lists split, a layer whose weight is split by output features
@@ -264,7 +264,7 @@ def fused_state(state: dict[str, Tensor], config) -> dict[str, Tensor]:
 
 
 # --- FSDP2 -----------------------------------------------------------------------------------
-def apply_fsdp(model: nn.Module, layout: Layout, precision: str) -> None:
+def apply_fsdp(model: nn.Module, layout: RankMesh, precision: str) -> None:
     """``fully_shard`` each layer, then the root, over the data-parallel mesh (with ``--tp``,
     the dp dimension of the 2-D mesh). bf16 trains through FSDP's ``MixedPrecisionPolicy``:
     bf16 weights in compute, gradients reduced in fp32, fp32 master shards."""
@@ -322,6 +322,6 @@ def clip_grad_norm(parameters, max_norm: float, pp_group=None, counted=None) -> 
     return total
 
 
-__all__ = ["STRATEGIES", "SCHEDULES", "MODES", "ParallelPlan", "Layout", "Placed", "place",
+__all__ = ["STRATEGIES", "SCHEDULES", "MODES", "ParallelPlan", "RankMesh", "Placed", "place",
            "grad_scaler", "from_environment", "apply_tensor_parallel", "apply_checkpointing",
            "apply_fsdp", "clip_grad_norm", "grad_norm", "fused_state"]

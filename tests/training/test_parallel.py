@@ -80,7 +80,7 @@ def _tensor_parallel_worker(rank: int, world: int) -> dict:
     from attnlab.placement import tp_dim
 
     found = {}
-    layout = parallel.Layout(parallel.ParallelPlan(world=world, tp=world), torch.device("cpu"))
+    layout = parallel.RankMesh(parallel.ParallelPlan(world=world, tp=world), torch.device("cpu"))
     for family in FAMILIES:
         config = _config(family)
         torch.manual_seed(0)

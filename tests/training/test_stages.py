@@ -24,7 +24,7 @@ from attnlab.models.bert import BERT
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import Transformer
 from attnlab.training.objectives import CausalLM, MaskedLM, Seq2Seq
-from attnlab.training.pipeline import Pipeline
+from attnlab.training.stages import Pipeline
 
 CASES = ("gpt2", "llama", "bert")
 SCHEDULES = ("gpipe", "1f1b")
