@@ -43,4 +43,4 @@ def test_speculative_generate_never_calls_back_into_the_cli(lm_run, capsys):
     code, files = trace(["generate", "--model", str(lm_run), "--prompt", "to be to be",
                          "--max-new-tokens", "6", "--device", "cpu", "--prompt-lookup"])
     assert code == 0 and capsys.readouterr().out.startswith("to be to be")
-    _check(files, "attnlab/cli/generate.py", 12)
+    _check(files, "attnlab/cli/generate.py", 13)  # and generation/speculative.py

@@ -420,15 +420,15 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits(model_dir):
         proc.stderr.close()
 
 
-def test_the_readme_serving_example_runs(server, capsys):
-    """The README's serve line parses, its curl body gets an answer, and its Python example
-    streams the text that the same request gives unstreamed (on the tiny model here)."""
+def test_the_documented_serving_example_runs(server, capsys):
+    """The serving page's serve line parses, its curl body gets an answer, and its Python
+    example streams the text that the same request gives unstreamed (on the tiny model here)."""
     import re
     import shlex
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    shell = next(b for b in re.findall(r"```sh\n(.*?)```", readme, flags=re.S)
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    shell = next(b for b in re.findall(r"```(?:sh|bash)\n(.*?)```", readme, flags=re.S)
                  if "attnlab serve" in b)
     lines = [line for line in shell.replace("\\\n", " ").splitlines() if line.strip()]
     build_parser().parse_args(shlex.split(lines[0])[1:])
