@@ -148,8 +148,9 @@ def _bytes_read(model) -> int:
     tied = {id(head.weight)} if isinstance(head, nn.Linear) else set()
     seen, total = set(), 0
     for module in model.modules():
-        if type(module) in read:
-            tensors = [getattr(module, n) for n in read[type(module)]]
+        kind = next((k for k in read if isinstance(module, k)), None)  # (or its kernel subclass)
+        if kind is not None:
+            tensors = [getattr(module, n) for n in read[kind]]
         elif isinstance(module, (nn.Embedding, TokenEmbedding)) and id(module.weight) not in tied:
             tensors = []
         elif not list(module.children()):

@@ -204,7 +204,7 @@ def _memory(rank: int, world: int, knobs: dict, rows: int, length: int, strategy
     batch = LMBatch(*(t.chunk(world)[rank] for t in batch))
     model = _model(config)
     if strategy == "fsdp":
-        layout = parallel.Layout(parallel.ParallelPlan(world=world, strategy="fsdp"),
+        layout = parallel.RankMesh(parallel.ParallelPlan(world=world, strategy="fsdp"),
                                  torch.device("cpu"))
         parallel.apply_fsdp(model, layout, "fp32")
     elif world > 1:

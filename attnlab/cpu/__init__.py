@@ -13,9 +13,15 @@ from attnlab.cpu.attention import DecodeAttention, attention_kernel_, decode_att
 from attnlab.cpu.integer import KernelInt4Linear, KernelInt8Linear, integer_kernels_
 from attnlab.cpu.kernels import available, bf16_dot_rows
 from attnlab.cpu.linear import KernelLinear, decoding_layout_, fuse_projections_
-from attnlab.cpu.prepare import float32_activations_, for_decoding, integer_head
+from attnlab.cpu.prepare import (
+    decoding_kernels_,
+    float32_activations_,
+    for_decoding,
+    integer_head,
+)
 
 __all__ = ["DecodeAttention", "KernelInt4Linear", "KernelInt8Linear", "KernelLinear",
            "attention_kernel_", "available", "bf16_dot_rows", "decode_attention",
+           "decoding_kernels_",
            "decoding_layout_", "float32_activations_", "for_decoding", "fuse_projections_",
            "integer_head", "integer_kernels_"]

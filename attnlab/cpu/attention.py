@@ -15,6 +15,7 @@ gradient, another device) is the teaching path's.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -74,15 +75,22 @@ class DecodeAttention(MultiHeadAttention):
 
 
 def attention_kernel_(model: nn.Module) -> nn.Module:
-    """Every attention layer of ``model`` onto :func:`decode_attention`, in place (the same
+    """Every CPU attention layer of ``model`` onto :func:`decode_attention`, in place (the same
     modules); returns ``model``. Cheap to call again; the kernels are built (or found wanting)
-    now, never inside a compiled graph."""
-    layers = [m for m in model.modules() if type(m) is MultiHeadAttention]
+    now, never inside a compiled graph; a model elsewhere (a GPU, the meta device) is left as
+    it is and builds nothing."""
+    layers = [m for m in model.modules() if type(m) is MultiHeadAttention and _on_cpu(m)]
     if layers:
         kernels.available()
     for m in layers:
         m.__class__ = DecodeAttention
     return model
+
+
+def _on_cpu(module: nn.Module) -> bool:
+    """Whether ``module``'s tensors are on the CPU (an integer layer's codes are buffers)."""
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return first is not None and first.device.type == "cpu"
 
 
 __all__ = ["DecodeAttention", "attention_kernel_", "decode_attention", "kernel_applies"]

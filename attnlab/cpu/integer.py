@@ -49,10 +49,12 @@ _KERNEL_CLASS = {Int8Linear: KernelInt8Linear, Int4Linear: KernelInt4Linear}
 
 
 def integer_kernels_(model: nn.Module) -> nn.Module:
-    """Every :class:`Int8Linear` and :class:`Int4Linear` of ``model`` onto attnlab's kernels, in
-    place (the same modules: parameters, buffers, hooks and names are kept); returns ``model``.
-    The kernels are built (or found wanting) now, never inside a compiled graph."""
-    layers = [m for m in model.modules() if type(m) in _KERNEL_CLASS]
+    """Every CPU :class:`Int8Linear` and :class:`Int4Linear` of ``model`` onto attnlab's
+    kernels, in place (the same modules: parameters, buffers, hooks and names are kept);
+    returns ``model``. The kernels are built (or found wanting) now, never inside a compiled
+    graph; a model elsewhere (a GPU, the meta device) is left as it is and builds nothing."""
+    layers = [m for m in model.modules()
+              if type(m) in _KERNEL_CLASS and m.qweight.device.type == "cpu"]
     if layers:
         kernels.available()
     for m in layers:
@@ -60,9 +62,4 @@ def integer_kernels_(model: nn.Module) -> nn.Module:
     return model
 
 
-def kernel_class(layer: nn.Module) -> type:
-    """The class a layer like ``layer`` is made of on the kernels (itself if none)."""
-    return _KERNEL_CLASS.get(type(layer), type(layer))
-
-
-__all__ = ["KernelInt4Linear", "KernelInt8Linear", "integer_kernels_", "kernel_class"]
+__all__ = ["KernelInt4Linear", "KernelInt8Linear", "integer_kernels_"]

@@ -70,13 +70,21 @@ def for_decoding(model: nn.Module, device: torch.device | str | None = None,
         elif device is not None:  # (float32_activations_ casts the matrices alone)
             model = model.to(device)
     if on_cpu:  # attnlab's integer products and one-query attention (each falls back alone)
-        attention_kernel_(integer_kernels_(model))
+        decoding_kernels_(model)
     model = fuse_projections_(decoding_layout_(model, rows))  # (after: KernelLinear)
     if kernel:
         float32_activations_(model, dtype)
     if kv_cache is not None:
         model.cache_dtype = DTYPES[kv_cache]
     return model
+
+
+def decoding_kernels_(model: nn.Module) -> nn.Module:
+    """What every decoding loop applies to the model it is given, in place (a model that
+    :func:`for_decoding` prepared already has it): on a CPU, its integer layers and its
+    one-query attention on attnlab's kernels (:func:`~attnlab.cpu.integer.integer_kernels_`,
+    :func:`~attnlab.cpu.attention.attention_kernel_`); returns ``model``."""
+    return attention_kernel_(integer_kernels_(model))
 
 
 @torch.no_grad()

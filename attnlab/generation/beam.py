@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.cpu.attention import attention_kernel_
+from attnlab.cpu.prepare import decoding_kernels_
 from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep, DecoderSteps
 from attnlab.models import Transformer
@@ -50,7 +50,7 @@ def beam_search(model: Transformer, src_ids: Tensor, beam_size: int = 4, alpha: 
     after eos (the layout of :func:`greedy_decode`); with ``return_scores`` also the
     normalised score of each returned hypothesis ``(batch,)``. ``compiled``: every step after
     the first runs through that compiled one-token step (``generation/compiled.py``)."""
-    attention_kernel_(model)  # one-query steps on the CPU kernel
+    decoding_kernels_(model)  # integer layers and one-query steps on the CPU kernels
     cfg, k, device = model.config, beam_size, src_ids.device
     if penalty not in PENALTIES:
         raise BadInput(f"unknown length penalty {penalty!r}; choose from {PENALTIES}")

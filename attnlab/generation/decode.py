@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnlab.cpu.attention import attention_kernel_
+from attnlab.cpu.prepare import decoding_kernels_
 from attnlab.errors import BadInput
 
 if TYPE_CHECKING:
@@ -97,15 +97,16 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
     prompt or output is cropped to its last ``context`` tokens, at positions 0 .. context − 1,
     as nanoGPT does; generation itself may run as long as asked. ``on_token(new)`` is
     called with the ``(batch, n_new)`` tokens so far after each step (streaming); returning
-    True stops generation (stop strings). The one-query steps' attention runs on attnlab's
-    CPU kernel (:func:`~attnlab.cpu.attention.attention_kernel_`, applied here);
+    True stops generation (stop strings). On a CPU, the integer layers and the one-query
+    steps' attention run on attnlab's kernels (:func:`~attnlab.cpu.prepare.decoding_kernels_`,
+    applied here);
     :func:`attnlab.cpu.for_decoding`, which the CLI applies first, readies the rest.
 
     ``compiled``: every token after the prompt's first runs through that compiled one-token
     step against a static cache (``generation/compiled.py``), when prompt + output fit the
     model's context (past it, nanoGPT's crop needs the eager path)."""
     check_decoding(ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty)
-    attention_kernel_(model)
+    decoding_kernels_(model)
     model.eval()
     batch, prompt_len = ids.shape
     total = prompt_len + max_new_tokens

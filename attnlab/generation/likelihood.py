@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from attnlab.cpu.attention import attention_kernel_
+from attnlab.cpu.prepare import decoding_kernels_
 from attnlab.errors import BadInput
 
 
@@ -147,7 +147,7 @@ def _score(model: nn.Module, groups: Sequence[Sequence[Request]], inputs: list[l
     tokens (after the common part); the attention mask hides it and positions count real tokens
     only, so no row sees another's tokens or its own padding.
     """
-    attention_kernel_(model)  # one-query steps on the CPU kernel
+    decoding_kernels_(model)  # integer layers and one-query steps on the CPU kernels
     device = next(model.parameters()).device
     owner = [g for g, rows in enumerate(inputs) for _ in rows]  # the group of each request
     flat = [x for rows in inputs for x in rows]  # (R,) inputs

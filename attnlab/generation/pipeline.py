@@ -212,8 +212,10 @@ class Decoding:
         return 0.0 if self.compiled is None else self.compiled.compile_seconds - before
 
 
-class Interrupted(Exception):
-    """Ctrl-C during a reply: ``reply`` holds what was decoded (and written) before it."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a reply: ``reply`` holds what was decoded (and written) before it. A
+    ``KeyboardInterrupt`` still: a caller that does not catch it (``generate``) stops as on any
+    Ctrl-C; ``chat`` catches it and goes on with the conversation."""
 
     def __init__(self, reply: Reply):
         super().__init__("reply interrupted")

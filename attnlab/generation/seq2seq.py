@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnlab.cpu.attention import attention_kernel_
+from attnlab.cpu.prepare import decoding_kernels_
 from attnlab.errors import BadInput
 from attnlab.models import Transformer
 from attnlab.tokenizers import Tokenizer, pad
@@ -37,7 +37,7 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
     logits of each step ``(batch, out_len - 1, vocab)``. ``compiled``: every step after the
     first runs through that compiled one-token step (``generation/compiled.py``).
     """
-    attention_kernel_(model)  # one-query steps on the CPU kernel
+    decoding_kernels_(model)  # integer layers and one-query steps on the CPU kernels
     if compiled is not None and not use_cache:
         raise ValueError("a compiled step decodes with the cache (use_cache=True)")
     cfg = model.config

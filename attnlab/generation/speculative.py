@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.cpu.attention import attention_kernel_
+from attnlab.cpu.prepare import decoding_kernels_
 from attnlab.errors import BadInput
 from attnlab.generation.decode import check_decoding
 
@@ -163,7 +163,7 @@ def _speculate(target: nn.Module, proposer, ids: Tensor, max_new_tokens: int,
                draft_tokens: int, eos_id: int | None, on_token) -> Speculation:
     """The loop of the module docstring, for a proposer with ``propose(out, length, k)`` and
     ``keep(length)``."""
-    attention_kernel_(target).eval()  # one-query steps on the CPU kernel, as in generate
+    decoding_kernels_(target).eval()  # on the CPU kernels, as in generate
     prompt_len = ids.shape[1]
     total = prompt_len + max_new_tokens
     out = ids.new_empty(1, total)  # filled in place, as in generate
@@ -222,7 +222,7 @@ def speculative_generate(target: nn.Module, draft: nn.Module, ids: Tensor,
     far after each target forward (one or more new tokens); returning True stops. Both models
     as :func:`attnlab.cpu.for_decoding` prepares them, on one device."""
     _check(target, ids, max_new_tokens, draft_tokens, draft)
-    attention_kernel_(draft).eval()
+    decoding_kernels_(draft).eval()
     proposer = _DraftModel(draft, ids.shape[1] + max_new_tokens, eos_id)
     return _speculate(target, proposer, ids, max_new_tokens, draft_tokens, eos_id, on_token)
 

@@ -1,5 +1,5 @@
 """attnlab's integer kernels (attnlab/nn/int_kernels.cpp) against float64 references of the
-algorithm nn/cpu_kernels.py states, and their place in a compiled graph."""
+algorithm cpu/kernels.py states, and their place in a compiled graph."""
 
 import os
 import shutil

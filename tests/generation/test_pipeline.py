@@ -107,3 +107,44 @@ def test_the_old_decoding_paths_still_work_with_a_deprecation_warning():
         warnings.simplefilter("error")
         with pytest.raises(AttributeError):
             decoder_only.no_such_name  # noqa: B018
+
+
+def test_ctrl_c_during_generate_stops_as_any_ctrl_c(folder, monkeypatch, capsys):
+    """The pipeline hands the reply so far to chat (Interrupted); generate does not catch it,
+    and the command line stops as on any Ctrl-C: one line, exit code 130, no traceback."""
+    import attnlab.generation.pipeline as pipeline
+    from attnlab.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "generate", interrupted)
+    code = main(["generate", "--model", str(folder), "--prompt", "to be", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip().endswith("attnlab: interrupted")
+    assert "Traceback" not in err and "internal error" not in err
+
+
+def test_a_model_off_the_cpu_is_left_as_it_is_and_builds_no_kernels(monkeypatch):
+    """The decoding loops ready a CPU model's attention and integer layers for attnlab's
+    kernels; a model elsewhere (here the meta device, as a GPU's would be) keeps its classes
+    and never asks for the kernels to be built."""
+    import attnlab.cpu.kernels as kernels
+    from attnlab.cpu import DecodeAttention, KernelInt4Linear, decoding_kernels_
+    from attnlab.nn.multihead import MultiHeadAttention
+    from attnlab.nn.quantized import Int4Linear, quantize
+
+    asked = []
+    monkeypatch.setattr(kernels, "available", lambda: asked.append(1) or True)
+    config = ModelConfig.from_preset("llama-mini", n_decoder_layers=1)
+    with torch.device("meta"):
+        elsewhere = GPT(config)
+    quantize(elsewhere, bits=4, skeleton=True)
+    decoding_kernels_(elsewhere)
+    assert asked == []
+    assert {type(m) for m in elsewhere.modules()} & {DecodeAttention, KernelInt4Linear} == set()
+    assert any(type(m) is MultiHeadAttention for m in elsewhere.modules())
+    here = GPT(config)
+    quantize(here, bits=4)
+    decoding_kernels_(here)
+    assert asked and not any(type(m) in (MultiHeadAttention, Int4Linear) for m in here.modules())

@@ -282,7 +282,7 @@ def test_dynamic_int8_reduces_range_without_vnni(vnni, monkeypatch):
     assert layer.reduce_range == (x86 and vnni == "0")
 
 
-# --- stacked projections for decoding (nn/layout.py's fuse_projections_) ----------------------
+# --- stacked projections for decoding (cpu/linear.py's fuse_projections_) ---------------------
 def _linears(sizes, in_features=64, bias=True, seed=0):
     torch.manual_seed(seed)
     return [nn.Linear(in_features, n, bias=bias) for n in sizes]

@@ -1,5 +1,5 @@
 // attnlab's attention for one query a row against a key/value cache (decoding), built with the
-// integer kernels by attnlab/nn/cpu_kernels.py. Over the slots a row's mask allows, with s the
+// integer kernels by attnlab/cpu/kernels.py. Over the slots a row's mask allows, with s the
 // scale:
 //
 //   out[b, h] = Σ_j p_j · v[b, h / r, j],   p_j = exp(s · q[b, h] · k[b, h / r, j] − m) / Z

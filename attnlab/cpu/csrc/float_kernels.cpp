@@ -1,5 +1,5 @@
 // attnlab's float matrix product for a few rows (decoding), built with the other CPU kernels by
-// attnlab/nn/cpu_kernels.py:
+// attnlab/cpu/kernels.py:
 //
 //   y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n])      x (rows, in), W (out, in) row-major
 //
@@ -18,7 +18,7 @@
 // rows (KernelLinear sends it a step of 4 or more sequences, or beams). There widening each
 // weight again for every row, and 8-lane multiply-adds, make the product compute-bound: 8 rows
 // of SmolLM2's bf16 matrices took 3.1-3.6x one row's time on a 2-core Zen 4. Where the build
-// has AVX512-BF16 (ATTNLAB_DPBF16, set by cpu_kernels.py) and the CPU runs it, x is rounded to
+// has AVX512-BF16 (ATTNLAB_DPBF16, set by cpu/kernels.py) and the CPU runs it, x is rounded to
 // bf16 once a call and vdpbf16ps multiplies 32 pairs exactly an instruction, adding them into 16
 // float32 sums (8 rows: 1.8-2.0x faster). Each row's sums run in an order of its own, whatever
 // the other rows and threads. Elsewhere it is float_matmul. bf16_dot_here() says which.

@@ -1,5 +1,5 @@
 // attnlab's integer weight-only matrix products for a few rows (decoding), built on first use
-// by attnlab/nn/cpu_kernels.py. 8 float lanes as one vector (GCC/Clang vector extensions: one
+// by attnlab/cpu/kernels.py. 8 float lanes as one vector (GCC/Clang vector extensions: one
 // AVX2 register, two NEON ones), AVX2 intrinsics where GCC's own code is slow; OpenMP threads
 // through ATen's at::parallel_for, over output channels. Both read the codes once and never
 // materialise the dequantised matrix.
