@@ -25,7 +25,7 @@ from collections.abc import Sequence
 COMMANDS = {
     "info": "info", "train": "train", "average": "train", "generate": "generate",
     "translate": "translate", "evaluate": "evaluate", "classify": "apply",
-    "embed": "apply", "ner": "apply", "qa": "apply", "explain": "explain", "plot": "explain",
+    "embed": "apply", "ner": "apply", "qa": "apply", "explain": "explain", "plot": "plot",
     "tokenize": "tokenize",
     "quantize": "compress", "prune": "compress", "export": "export", "serve": "serve",
     "demo": "demo", "chat": "chat",

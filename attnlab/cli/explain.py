@@ -1,11 +1,11 @@
-"""``attnlab explain`` (one sentence, or with ``--image`` one image through a ViT, through the
-pipeline, checked as it goes) and ``attnlab plot`` (PNG pictures; ``plot attention --image``:
-a ViT's [CLS] attention rollout laid over the image).
+"""``attnlab explain``: one sentence (or, with ``--image``, one image through a ViT) through
+the pipeline, checked as it goes.
 
-What a command runs is what the user asked for: ``explain`` and ``plot attention``/``cross``
-need a sentence (none is made up), a model is announced on stderr before it runs (a freshly
-initialised tiny one, when no ``--model`` is given, is announced as random), and input a
-command would ignore (a sentence for ``explain --backward`` or ``plot schedule``) is refused.
+What the command runs is what the user asked for: it needs a sentence (none is made up), a
+model is announced on stderr before it runs (a freshly initialised tiny one, when no
+``--model`` is given, is announced as random), and input it would ignore (a sentence for
+``explain --backward``) is refused. ``attnlab plot`` (cli/plot.py) draws the same runs as PNG
+pictures and shares the model loading here.
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, add_quiet_arg, announce
+from attnlab.cli.common import UsageError, add_model_arg, add_quiet_arg, announce
 from attnlab.errors import AttnlabError
 
 if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
     import torch
-
-# the plots that run a model on a sentence, and an example of their arguments
-EXAMPLES = {"attention": '"the cat sat on the mat"', "cross": '"forty-two" --model runs/demo'}
-
 
 class CheckFailed(AttnlabError):
     """A stage recomputed by hand disagreed with the model's own forward pass."""
@@ -50,12 +46,12 @@ def cmd_explain(args: argparse.Namespace) -> None:
     if args.word and not args.compare:
         raise UsageError("--word names the word --compare compares; give --compare SENTENCE")
     if args.html:
-        _check_can_write(args.html, "--html")
+        check_can_write(args.html, "--html")
     from attnlab.explain.subject import make_subject
     from attnlab.explain.walkthrough import compare_word, walk
 
     sentences = [args.sentence] + ([args.compare] if args.compare else [])
-    model, tok, label = _encoder(args, sentences)
+    model, tok, label = encoder_for(args, sentences)
     subject = make_subject(model, tok, args.sentence, label)
     w = walk(subject, args.layer, args.head)
     compared = None
@@ -80,11 +76,11 @@ def _explain_image(args: argparse.Namespace) -> None:
         raise UsageError(f"--image takes no {', '.join(given)}: it follows one image, not "
                          "a sentence")
     if args.html:
-        _check_can_write(args.html, "--html")
+        check_can_write(args.html, "--html")
     from attnlab.explain.image import make_image_subject, walk_image
     from attnlab.explain.report import format_text
 
-    model, image, name, label = _vision(args, "explain --image")
+    model, image, name, label = vision_for(args, "explain --image")
     w = walk_image(make_image_subject(model, image, name, label), args.layer, args.head)
     print(format_text(w, args.dims))
     if args.html:
@@ -95,7 +91,7 @@ def _explain_image(args: argparse.Namespace) -> None:
         raise CheckFailed("a check failed (see above)")
 
 
-def _vision(args: argparse.Namespace, command: str):
+def vision_for(args: argparse.Namespace, command: str):
     """``(model, image (1, C, H, W), image name, model label)`` for ``--image``: the ViT
     ``--model`` names (any other model is refused), else a freshly initialised vit-tiny
     (random weights, ``--seed``); the image read at the model's shape; announced on stderr
@@ -106,80 +102,22 @@ def _vision(args: argparse.Namespace, command: str):
     model, label, source = load_image_model(args.model, args.seed, command)
     c = model.config
     image, name = read_image(args.image, c.num_channels, c.image_size)
-    announce(args, source, *_runs_on(model))
+    announce(args, source, *runs_on(model))
     return model, image, name, label
 
 
-def cmd_plot(args: argparse.Namespace) -> None:
-    import torch
-
-    from attnlab import viz
-
-    if args.image and args.what != "attention":
-        raise UsageError(f"--image is for plot attention, not plot {args.what}")
-    if args.image and args.sentence:
-        raise UsageError("plot attention takes a sentence or --image, not both")
-    if args.what in EXAMPLES and not args.sentence and not args.image:
-        raise UsageError(f"plot {args.what} needs a sentence to run through the model, e.g. "
-                         f"attnlab plot {args.what} {EXAMPLES[args.what]} --out {args.out}")
-    if args.what == "cross" and not args.model:
-        raise UsageError("plot cross needs --model (a translation run or checkpoint)")
-    given = [name for name, value in (("sentence", args.sentence), ("--model", args.model))
-             if value]
-    if args.what not in EXAMPLES and given:
-        raise UsageError(f"plot {args.what} takes no {' or '.join(given)}: it runs no model")
-    out = Path(args.out)
-    _check_can_write(out, "--out")
-    if args.what == "attention" and args.image:
-        from attnlab.explain.image import image_attention
-
-        model, image, name, label = _vision(args, "plot attention --image")
-        seen = image_attention(model, image)
-        title = f"{name}\nmodel: {label}"
-        if seen.predicted is not None:
-            title += (f"\npredicted {seen.predicted} "
-                      f"(p = {float(seen.probabilities[seen.predicted]):.2f})")
-        viz.plot_image_attention(image[0], seen.cls_map, out, title=title)
-    elif args.what == "attention":
-        from attnlab.explain.subject import make_subject
-
-        model, tok, label = _encoder(args, [args.sentence])
-        subject = make_subject(model, tok, args.sentence, label)
-        weights = torch.stack(subject.run_model().weights)  # (layers, heads, seq, seq)
-        viz.plot_attention_grid(weights, subject.tokens, out, title=f"self-attention: {label}")
-    elif args.what == "cross":
-        from attnlab.generation.seq2seq import cross_attention
-        from attnlab.storage import load
-
-        loaded = load(args.model).expect("encoder-decoder", "plot cross")
-        announce(args, loaded.path, *_runs_on(loaded.model))
-        weights, src, out_pieces = cross_attention(loaded.model, loaded.tokenizers["source"],
-                                                   loaded.tokenizers["target"], args.sentence)
-        viz.plot_cross_attention(weights, src, out_pieces, out,
-                                 title="cross-attention, last layer (mean of heads)")
-    elif args.what == "positional":
-        viz.plot_positional_encoding(args.max_len, args.d_model, out)
-    else:  # schedule
-        from attnlab.training.schedule import NoamSchedule
-
-        schedule = NoamSchedule(args.d_model, args.warmup, args.factor)
-        viz.plot_schedule(schedule, args.steps, out, title=f"lr = {args.factor} · "
-                          f"{args.d_model}^-0.5 · min(step^-0.5, step · {args.warmup}^-1.5)")
-    print(f"wrote {out}")
-
-
-def _encoder(args: argparse.Namespace, sentences: list[str]):
+def encoder_for(args: argparse.Namespace, sentences: list[str]):
     """``(model, tokenizer, label)`` of the encoder to follow, announced on stderr: the one
     ``--model`` names, else a freshly initialised tiny model (random weights, ``--seed``)
     whose word vocabulary is ``sentences``."""
     from attnlab.explain.subject import load_subject_model
 
     model, tok, label, source = load_subject_model(args.model, sentences, args.seed)
-    announce(args, source, *_runs_on(model))
+    announce(args, source, *runs_on(model))
     return model, tok, label
 
 
-def _runs_on(model) -> tuple[torch.device, str]:
+def runs_on(model) -> tuple[torch.device, str]:
     """``(device, precision)`` the model's weights are on and in: what its forward pass uses
     (these commands use no autocast)."""
     from attnlab.hardware import DTYPES
@@ -189,7 +127,7 @@ def _runs_on(model) -> tuple[torch.device, str]:
     return weight.device, names.get(weight.dtype, str(weight.dtype))
 
 
-def _check_can_write(path: str | Path, flag: str) -> None:
+def check_can_write(path: str | Path, flag: str) -> None:
     """Refuse, before any model runs, a file that cannot be written because its folder is
     missing, is not a folder or is not writable (the error would otherwise come after the
     line announcing the model, and after the work)."""
@@ -231,30 +169,3 @@ def add_commands(sub) -> None:
     ex.add_argument("--seed", type=int, default=0, help="seed of the tiny model (or vit-tiny)")
     add_quiet_arg(ex)
     ex.set_defaults(func=cmd_explain)
-
-    pl = sub.add_parser("plot", help="PNG pictures: attention grid, a ViT's attention "
-                                     "rollout, cross-attention, positional encoding, "
-                                     "learning-rate schedule",
-                        description="Draw a picture as a PNG file.")
-    pl.add_argument("what", choices=["attention", "cross", "positional", "schedule"],
-                    help="attention: every head's map for a sentence, or with --image a "
-                         "ViT's [CLS] attention rollout over the image")
-    pl.add_argument("sentence", nargs="?",
-                    help="attention, cross: the sentence to run through the model (required)")
-    add_model_arg(pl, "attention: minilm, a HF BERT folder or a run, with --image a ViT run or "
-                      "HF ViT folder (default: a freshly initialised tiny model, or vit-tiny, "
-                      "random weights); cross: a translation run or checkpoint (required)",
-                  required=False, adapter=False)
-    pl.add_argument("--image", metavar="SPEC",
-                    help="attention: an image instead of a sentence: digits:N (image N of the "
-                         "digits test split), or a .npy or PNG file of the model's shape")
-    add_out_arg(pl, "the PNG file to write", required=True)
-    pl.add_argument("--d-model", type=int, default=512, help="positional, schedule: d_model")
-    pl.add_argument("--max-len", type=int, default=100, help="positional: positions to draw")
-    pl.add_argument("--warmup", type=int, default=4000, help="schedule: warmup steps")
-    pl.add_argument("--factor", type=float, default=1.0, help="schedule: the lr's factor")
-    pl.add_argument("--steps", type=int, default=20000, help="schedule: steps to draw")
-    pl.add_argument("--seed", type=int, default=0, help="attention: seed of the tiny model "
-                                                          "(or vit-tiny)")
-    add_quiet_arg(pl)
-    pl.set_defaults(func=cmd_plot)

@@ -1,0 +1,104 @@
+"""``attnlab plot``: PNG pictures (an attention grid, a ViT's [CLS] attention rollout laid over
+the image, cross-attention, positional encodings, the learning-rate schedule).
+
+A plot that runs a model needs a sentence (none is made up) and announces the model on stderr
+before it runs; input a plot would ignore (a sentence for ``plot schedule``) is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, add_quiet_arg, announce
+from attnlab.cli.explain import check_can_write, encoder_for, runs_on, vision_for
+
+# the plots that run a model on a sentence, and an example of their arguments
+EXAMPLES = {"attention": '"the cat sat on the mat"', "cross": '"forty-two" --model runs/demo'}
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    import torch
+
+    from attnlab import viz
+
+    if args.image and args.what != "attention":
+        raise UsageError(f"--image is for plot attention, not plot {args.what}")
+    if args.image and args.sentence:
+        raise UsageError("plot attention takes a sentence or --image, not both")
+    if args.what in EXAMPLES and not args.sentence and not args.image:
+        raise UsageError(f"plot {args.what} needs a sentence to run through the model, e.g. "
+                         f"attnlab plot {args.what} {EXAMPLES[args.what]} --out {args.out}")
+    if args.what == "cross" and not args.model:
+        raise UsageError("plot cross needs --model (a translation run or checkpoint)")
+    given = [name for name, value in (("sentence", args.sentence), ("--model", args.model))
+             if value]
+    if args.what not in EXAMPLES and given:
+        raise UsageError(f"plot {args.what} takes no {' or '.join(given)}: it runs no model")
+    out = Path(args.out)
+    check_can_write(out, "--out")
+    if args.what == "attention" and args.image:
+        from attnlab.explain.image import image_attention
+
+        model, image, name, label = vision_for(args, "plot attention --image")
+        seen = image_attention(model, image)
+        title = f"{name}\nmodel: {label}"
+        if seen.predicted is not None:
+            title += (f"\npredicted {seen.predicted} "
+                      f"(p = {float(seen.probabilities[seen.predicted]):.2f})")
+        viz.plot_image_attention(image[0], seen.cls_map, out, title=title)
+    elif args.what == "attention":
+        from attnlab.explain.subject import make_subject
+
+        model, tok, label = encoder_for(args, [args.sentence])
+        subject = make_subject(model, tok, args.sentence, label)
+        weights = torch.stack(subject.run_model().weights)  # (layers, heads, seq, seq)
+        viz.plot_attention_grid(weights, subject.tokens, out, title=f"self-attention: {label}")
+    elif args.what == "cross":
+        from attnlab.generation.seq2seq import cross_attention
+        from attnlab.storage import load
+
+        loaded = load(args.model).expect("encoder-decoder", "plot cross")
+        announce(args, loaded.path, *runs_on(loaded.model))
+        weights, src, out_pieces = cross_attention(loaded.model, loaded.tokenizers["source"],
+                                                   loaded.tokenizers["target"], args.sentence)
+        viz.plot_cross_attention(weights, src, out_pieces, out,
+                                 title="cross-attention, last layer (mean of heads)")
+    elif args.what == "positional":
+        viz.plot_positional_encoding(args.max_len, args.d_model, out)
+    else:  # schedule
+        from attnlab.training.schedule import NoamSchedule
+
+        schedule = NoamSchedule(args.d_model, args.warmup, args.factor)
+        viz.plot_schedule(schedule, args.steps, out, title=f"lr = {args.factor} · "
+                          f"{args.d_model}^-0.5 · min(step^-0.5, step · {args.warmup}^-1.5)")
+    print(f"wrote {out}")
+
+
+def add_commands(sub) -> None:
+    pl = sub.add_parser("plot", help="PNG pictures: attention grid, a ViT's attention "
+                                     "rollout, cross-attention, positional encoding, "
+                                     "learning-rate schedule",
+                        description="Draw a picture as a PNG file.")
+    pl.add_argument("what", choices=["attention", "cross", "positional", "schedule"],
+                    help="attention: every head's map for a sentence, or with --image a "
+                         "ViT's [CLS] attention rollout over the image")
+    pl.add_argument("sentence", nargs="?",
+                    help="attention, cross: the sentence to run through the model (required)")
+    add_model_arg(pl, "attention: minilm, a HF BERT folder or a run, with --image a ViT run or "
+                      "HF ViT folder (default: a freshly initialised tiny model, or vit-tiny, "
+                      "random weights); cross: a translation run or checkpoint (required)",
+                  required=False, adapter=False)
+    pl.add_argument("--image", metavar="SPEC",
+                    help="attention: an image instead of a sentence: digits:N (image N of the "
+                         "digits test split), or a .npy or PNG file of the model's shape")
+    add_out_arg(pl, "the PNG file to write", required=True)
+    pl.add_argument("--d-model", type=int, default=512, help="positional, schedule: d_model")
+    pl.add_argument("--max-len", type=int, default=100, help="positional: positions to draw")
+    pl.add_argument("--warmup", type=int, default=4000, help="schedule: warmup steps")
+    pl.add_argument("--factor", type=float, default=1.0, help="schedule: the lr's factor")
+    pl.add_argument("--steps", type=int, default=20000, help="schedule: steps to draw")
+    pl.add_argument("--seed", type=int, default=0, help="attention: seed of the tiny model "
+                                                          "(or vit-tiny)")
+    add_quiet_arg(pl)
+    pl.set_defaults(func=cmd_plot)
