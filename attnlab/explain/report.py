@@ -5,27 +5,19 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
+from attnlab.explain.tables import format_matrix
 from attnlab.explain.walkthrough import Walkthrough
 
 
-def format_value(value, dims: int = 6, rows: int = 8) -> str:
-    """A matrix shown as its first ``rows`` rows and ``dims`` columns, 4 decimals."""
+def format_value(value, dims: int = 6, rows: list[str] | None = None,
+                 cols: list[str] | None = None) -> str:
+    """A stage's value as text: a list on one line, a matrix labelled by its tokens
+    (:func:`~attnlab.explain.tables.format_matrix`)."""
     if value is None:
         return ""
     if isinstance(value, list):
         return "  " + "  ".join(str(v) for v in value)
-    a = value.detach().cpu()
-    a = (a if not a.is_floating_point() else a.float()).numpy()
-    if a.ndim == 1:
-        a = a[None]
-    lines = []
-    for r in a[:rows]:
-        cells = " ".join(f"{x:+.4f}" if np.issubdtype(a.dtype, np.floating) else f"{int(x):>2d}"
-                         for x in r[:dims])
-        lines.append(f"  [{cells}{' …' if a.shape[1] > dims else ''}]")
-    if a.shape[0] > rows:
-        lines.append(f"  … {a.shape[0] - rows} more rows")
-    return "\n".join(lines)
+    return format_matrix(value, rows, cols, dims)
 
 
 def check_lines(w: Walkthrough) -> list[str]:
@@ -33,7 +25,18 @@ def check_lines(w: Walkthrough) -> list[str]:
             f"(tolerance {c.tol:.0e}) → {'OK' if c.ok else 'FAILED'}" for c in w.checks]
 
 
-def format_text(w: Walkthrough, dims: int = 6, compare: dict | None = None) -> str:
+# the stages that open a part of the walk (an encoder–decoder's, the output stage): a heading
+SECTIONS = {"memory": "the encoder's output",
+            "decoder: target tokens": "the decoder (layer and head as above)",
+            "output: hidden state": "the output stage: the next token",
+            "generation, step by step": "generation continued, one token a step",
+            "teacher forcing": "teacher forcing (training): the whole target in one pass"}
+
+
+def format_text(w: Walkthrough, dims: int = 6, compare: dict | None = None,
+                translation=None) -> str:
+    """The walkthrough's stages, its checks, the word compared (``compare``) and the
+    translation built (``translation``, a :class:`~attnlab.explain.seq2seq.Translation`)."""
     s = w.subject
     out = [f"model: {s.label}",
            s.input_line,
@@ -41,11 +44,13 @@ def format_text(w: Walkthrough, dims: int = 6, compare: dict | None = None) -> s
            f"(d_model {s.model.config.d_model}, {s.model.config.n_heads} heads, "
            f"d_k {s.model.config.d_k}); values show the first {dims} columns", ""]
     for n, stage in enumerate(w.stages, 1):
+        if stage.title in SECTIONS:
+            out += ["", f"── {SECTIONS[stage.title]} ──"]
         shape = f"  shape {stage.shape}" if stage.shape else ""
         out.append(f"{n:2d}. {stage.title}: {stage.formula}{shape}")
         if stage.note:
             out.append(f"    {stage.note}")
-        body = format_value(stage.value, dims)
+        body = format_value(stage.value, dims, stage.rows, stage.cols)
         if body:
             out.append(body)
     out += ["", "checks (each computed now):", *check_lines(w)]
@@ -53,7 +58,18 @@ def format_text(w: Walkthrough, dims: int = 6, compare: dict | None = None) -> s
     out.append(f"  {passed} of {len(w.checks)} checks passed")
     if compare is not None:
         out += ["", *compare_lines(compare, dims)]
+    if translation is not None:
+        out += ["", *translation_lines(translation)]
     return "\n".join(out)
+
+
+def translation_lines(t) -> list[str]:
+    """The translation built one token a step, and translate's for the same source."""
+    lines = [f"translation, built token by token: {t.text!r}"]
+    if t.translate_text is not None:
+        same = "the same" if t.translate_text == t.text else "DIFFERENT"
+        lines.append(f"attnlab translate (greedy, fp32) gives:  {t.translate_text!r} ({same})")
+    return lines
 
 
 def compare_lines(r: dict, dims: int = 6) -> list[str]:

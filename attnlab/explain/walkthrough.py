@@ -43,6 +43,8 @@ class Stage:
     formula: str
     value: Tensor | list | None
     note: str = ""
+    rows: list[str] | None = None  # labels of a matrix value's rows (tokens), when it has them
+    cols: list[str] | None = None  # labels of its columns: tokens for a token × token matrix
 
     @property
     def shape(self) -> tuple[int, ...] | None:
@@ -110,13 +112,14 @@ def walk(subject: Subject, layer: int = 0, head: int = 0, tol: float = 1e-5) -> 
     add(Stage("tokens", "pieces of the sentence", subject.tokens))
     add(Stage("ids", "vocabulary index of each piece", subject.ids[0].tolist()))
     add(Stage("token embeddings", "E[ids]" + (" · √d_model" if getattr(
-        subject.model.config, "scale_embeddings", False) else ""), subject.token_embedding))
+        subject.model.config, "scale_embeddings", False) else ""), subject.token_embedding,
+              rows=subject.tokens))
     add(Stage("positional encodings", f"{subject.model.config.positional} positions",
-              subject.position_embedding))
+              subject.position_embedding, rows=subject.tokens))
     if subject.segment_embedding is not None:
         add(Stage("segment embeddings", "S[token type] (all sentence A here)",
-                  subject.segment_embedding))
-    add(Stage("sum", subject.x0_formula, subject.x0))
+                  subject.segment_embedding, rows=subject.tokens))
+    add(Stage("sum", subject.x0_formula, subject.x0, rows=subject.tokens))
     check(Check("x₀ by hand equals the input the model's first layer received",
                 diff(subject.x0, own.layer_inputs[0]), tol))
     layer_stages(w, tol)
@@ -131,10 +134,12 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
     block = subject.layers[layer]
     attn = block.self_attn
     add, check = w.stages.append, w.checks.append
+    toks = subject.tokens  # the rows of every (seq, ·) stage; the columns of (seq, seq)
     with torch.no_grad():
         x = own.layer_inputs[layer]  # (seq, d): what the model itself fed this layer
         if layer > 0:
-            add(Stage(f"input of layer {layer}", f"output of layer {layer - 1}", x))
+            add(Stage(f"input of layer {layer}", f"output of layer {layer - 1}", x,
+                      rows=toks))
         x_attn = block.attn_sublayer.norm(x) if block.attn_sublayer.pre_norm else x
         d_k, n_heads = attn.d_k, attn.n_heads
         wq, bq, wk, bk, wv, bv = _projections(attn)
@@ -152,31 +157,33 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
         q, k, v = q_all[head], k_all[head], v_all[head]
         x_name = "Norm(X)" if block.attn_sublayer.pre_norm else "X"
         rotated = "RoPE({})" if subject.model.config.positional == "rope" else "{}"
-        add(Stage("Q", rotated.format(f"{x_name} · W_Q + b_Q"), q))
-        add(Stage("K", rotated.format(f"{x_name} · W_K + b_K"), k))
-        add(Stage("V", f"{x_name} · W_V + b_V", v))
+        add(Stage("Q", rotated.format(f"{x_name} · W_Q + b_Q"), q, rows=toks))
+        add(Stage("K", rotated.format(f"{x_name} · W_K + b_K"), k, rows=toks))
+        add(Stage("V", f"{x_name} · W_V + b_V", v, rows=toks))
         scores = q @ k.T
-        add(Stage("scores", "Q · Kᵀ", scores))
+        add(Stage("scores", "Q · Kᵀ", scores, rows=toks, cols=toks))
         scale = 1 / math.sqrt(d_k) if attn.scale is None else attn.scale  # T5: 1
         add(Stage("scaled scores", f"Q · Kᵀ / √d_k  (√{d_k} = {math.sqrt(d_k):.4f})"
-                  if attn.scale is None else f"Q · Kᵀ · {scale:g}", scores * scale))
+                  if attn.scale is None else f"Q · Kᵀ · {scale:g}", scores * scale,
+                  rows=toks, cols=toks))
         seq = x.shape[0]
         bias = subject.positional.attention_bias(subject.positions, seq)
         if bias is not None and bias.shape[1] > 1 and bias.shape[1] != n_heads:
             bias = bias[:, attn.original_heads]  # a pruned layer: its heads' rows
         mask = subject.mask
         add(Stage("mask", f"True = may attend ({getattr(subject, 'mask_note', 'all True')})",
-                  mask.int()))
+                  mask.int(), rows=toks, cols=toks))
         # All heads at once (the head's stages are slices of these): (H, seq, seq)
         scaled_all = q_all @ k_all.transpose(-2, -1) * scale
         if bias is not None:  # ALiBi's distance penalty, per head
             scaled_all = scaled_all + bias[0]
         weights_all = scaled_all.masked_fill(~mask, float("-inf")).softmax(-1)
         weights = weights_all[head]
-        add(Stage("attention weights", "A = softmax(masked scores), row by row", weights))
+        add(Stage("attention weights", "A = softmax(masked scores), row by row", weights,
+                  rows=toks, cols=toks))
         check(Check("each row of A sums to 1", float((weights.sum(-1) - 1).abs().max()), 1e-6))
         out_head = weights @ v
-        add(Stage("weighted sum of V", f"head_{head} = A · V", out_head))
+        add(Stage("weighted sum of V", f"head_{head} = A · V", out_head, rows=toks))
         by_hand = torch.stack([sum(weights[i, j] * v[j] for j in range(v.shape[0]))
                                for i in range(weights.shape[0])])
         check(Check("Σ_j A_ij·V_j, summed one term at a time, equals the product A·V",
@@ -190,15 +197,17 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
         check(Check("explicit and fused (torch SDPA) attention paths agree",
                     diff(explicit, fused), tol))
         concat = (weights_all @ v_all).transpose(0, 1).reshape(seq, n_heads * d_k)
-        add(Stage("concatenated heads", f"Concat(head_0..head_{n_heads - 1})", concat))
+        add(Stage("concatenated heads", f"Concat(head_0..head_{n_heads - 1})", concat,
+                  rows=toks))
         multihead = concat @ attn.out_proj.weight.T + _bias(attn.out_proj)
         add(Stage("multi-head output", "Concat · W_O + b_O", multihead,
-                  f"W_O {tuple(attn.out_proj.weight.T.shape)}"))
+                  f"W_O {tuple(attn.out_proj.weight.T.shape)}", rows=toks))
         check(Check("Concat·W_O equals the model's own self-attention output",
                     diff(multihead, own.attention_outputs[layer]), tol))
         _, y = _sublayer(block.attn_sublayer, x, lambda h: multihead)
         add(Stage("residual + norm", "Y = Norm(X + MultiHead)" if not
-                  block.attn_sublayer.pre_norm else "Y = X + MultiHead(Norm(X))", y))
+                  block.attn_sublayer.pre_norm else "Y = X + MultiHead(Norm(X))", y,
+                  rows=toks))
         ffn = block.ffn
         ffn_in = block.ffn_sublayer.norm(y) if block.ffn_sublayer.pre_norm else y
         hidden = ffn_in @ ffn.w1.weight.T + _bias(ffn.w1)
@@ -206,13 +215,13 @@ def layer_stages(w: Walkthrough, tol: float = 1e-5) -> None:
                   * (ffn_in @ ffn.w3.weight.T + _bias(ffn.w3))
                   if ffn.w3 is not None else _activate(ffn.activation, hidden))
         add(Stage("feed-forward hidden", f"{ffn.activation}(Y · W₁ + b₁)", hidden,
-                  f"W₁ {tuple(ffn.w1.weight.T.shape)}"))
+                  f"W₁ {tuple(ffn.w1.weight.T.shape)}", rows=toks))
         ffn_out = hidden @ ffn.w2.weight.T + _bias(ffn.w2)
         add(Stage("feed-forward output", "FFN = hidden · W₂ + b₂", ffn_out,
-                  f"W₂ {tuple(ffn.w2.weight.T.shape)}"))
+                  f"W₂ {tuple(ffn.w2.weight.T.shape)}", rows=toks))
         _, out = _sublayer(block.ffn_sublayer, y, lambda h: ffn_out)
         add(Stage("layer output", "Norm(Y + FFN)" if not block.ffn_sublayer.pre_norm
-                  else "Y + FFN(Norm(Y))", out))
+                  else "Y + FFN(Norm(Y))", out, rows=toks))
         check(Check(f"layer {layer}'s output by hand equals the model's own forward pass",
                     diff(out, own.layer_outputs[layer]), tol))
 

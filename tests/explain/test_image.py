@@ -126,7 +126,8 @@ def test_stages_equal_the_models_own_values(vit, image, layer, head):
     text = format_text(w, dims=3)
     assert "11 of 11 checks passed" in text and "image: random image" in text
     for title in ("patches", "z₀", "attention weights"):
-        assert format_value(w.stage(title).value, 3) in text
+        assert format_value(w.stage(title).value, 3, w.stage(title).rows,
+                            w.stage(title).cols) in text
 
 
 def failed(w) -> dict[str, float]:

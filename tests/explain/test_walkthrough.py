@@ -108,7 +108,8 @@ def test_stages_equal_the_models_own_tensors(subject, layer, head):
     # what is printed is those tensors
     text = format_text(w, dims=5)
     for title in ("Q", "attention weights", "layer output"):
-        assert format_value(w.stage(title).value, 5) in text
+        stage = w.stage(title)
+        assert format_value(stage.value, 5, stage.rows, stage.cols) in text
 
 
 def test_checks_are_computed_not_asserted(subject):
