@@ -55,7 +55,7 @@ def readout(model: nn.Module) -> Readout:
     """The readout of ``model`` (module docstring); a model with no output layer (an encoder
     without a masked-LM head, a ViT without a classifier, a classifier head on BERT) is a
     :class:`~attnlab.errors.BadInput` naming what it lacks."""
-    from attnlab.models import BERT, GPT, ViT, Transformer
+    from attnlab.models import BERT, GPT, Transformer, ViT
 
     if isinstance(model, GPT):
         norm = _norm(model.blocks.norm)
