@@ -196,12 +196,15 @@ def _load_hf(folder: Path) -> Loaded:
             except (TypeError, ValueError, OverflowError):
                 raise BadInput(f"{st_config}: max_seq_length={limit!r} is not a "
                                "number") from None
-    elif c.arch == "decoder" and (folder / "tokenizer.json").exists():
+    elif c.arch in ("decoder", "encoder-decoder") and (folder / "tokenizer.json").exists():
         from attnlab.tokenizers.bpe import BPETokenizer, backend_from_str
 
         path = folder / "tokenizer.json"
         backend = backend_from_str(read_text(path, "tokenizer file"), path)
-        tokenizers["text"] = BPETokenizer(backend, c.bos_id, c.eos_id, c.pad_id, c.unk_id)
+        tok = BPETokenizer(backend, c.bos_id, c.eos_id, c.pad_id, c.unk_id)
+        # an encoder–decoder's one tokenizer.json (T5's) reads the source and writes the target
+        roles = ("text",) if c.arch == "decoder" else ("source", "target")
+        tokenizers.update(dict.fromkeys(roles, tok))
     return _loaded(model, tokenizers, folder, max_len)
 
 

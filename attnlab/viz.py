@@ -126,6 +126,37 @@ def plot_image_attention(image: torch.Tensor, attention: torch.Tensor, path: str
     return _save(figure_image_attention(image, attention, title), path)
 
 
+def figure_lens(probs: torch.Tensor, cells: list[list[str]], layers: list[str],
+                tokens: list[str], title: str = "logit lens") -> Figure:
+    """The logit lens: ``probs (layers, positions)`` as colour (the probability each layer
+    gives the final prediction), each cell labelled by that layer's top token ``cells``; a row
+    per layer (the last at the top), a column per read position."""
+    p = probs.detach().float().cpu().numpy()[::-1]
+    rows = layers[::-1]
+    width = max([len(c) for row in cells for c in row] + [4])
+    fig = _figure(1.2 + (0.25 + width * FONT_INCHES * 0.8) * len(tokens), 1.2 + 0.28 * len(rows),
+                  dpi=110)
+    ax = fig.add_subplot()
+    image = ax.imshow(p, cmap="viridis", aspect="auto", vmin=0.0, vmax=1.0)
+    for i, row in enumerate(cells[::-1]):
+        for j, text in enumerate(row):
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="black" if p[i, j] > 0.6 else "white")
+    ax.set_xticks(range(len(tokens)), tokens, rotation=45, ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_xlabel("position (the token read)")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="p(final prediction)")
+    return _fit(fig)
+
+
+def plot_lens(probs: torch.Tensor, cells: list[list[str]], layers: list[str], tokens: list[str],
+              path: str | Path, title: str = "logit lens") -> Path:
+    """:func:`figure_lens` written as a PNG; returns ``path``."""
+    return _save(figure_lens(probs, cells, layers, tokens, title), path)
+
+
 # --- positions, schedules, training ------------------------------------------------------------
 def figure_positional_encoding(max_len: int, d_model: int) -> Figure:
     """Returns the figure of the sinusoidal matrix PE (positions × dimensions) of section 3.5,

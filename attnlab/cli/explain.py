@@ -21,6 +21,8 @@ from attnlab.errors import AttnlabError
 if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
     import torch
 
+    from attnlab.explain.subject import SubjectModel
+
 class CheckFailed(AttnlabError):
     """A stage recomputed by hand disagreed with the model's own forward pass."""
 
@@ -28,6 +30,9 @@ class CheckFailed(AttnlabError):
 def cmd_explain(args: argparse.Namespace) -> None:
     from attnlab.explain.report import format_backward, format_text
 
+    if args.examples or args.example:
+        _explain_examples(args)
+        return
     if args.backward:
         given = [name for name, value in (("sentence", args.sentence), ("--model", args.model),
                                           ("--image", args.image), ("--compare", args.compare),
@@ -38,6 +43,9 @@ def cmd_explain(args: argparse.Namespace) -> None:
                              "gradients on fixed random numbers, not a model")
         print(format_backward(dims=args.dims))
         return
+    if _probes(args):
+        _explain_probes(args)
+        return
     if args.image:
         _explain_image(args)
         return
@@ -47,23 +55,112 @@ def cmd_explain(args: argparse.Namespace) -> None:
         raise UsageError("--word names the word --compare compares; give --compare SENTENCE")
     if args.html:
         check_can_write(args.html, "--html")
+    from attnlab.explain.seq2seq import check_options, walk_sentence
     from attnlab.explain.subject import make_subject
-    from attnlab.explain.walkthrough import compare_word, walk
+    from attnlab.explain.walkthrough import compare_word
 
+    choice = _choice(args)
     sentences = [args.sentence] + ([args.compare] if args.compare else [])
-    model, tok, label = encoder_for(args, sentences)
-    subject = make_subject(model, tok, args.sentence, label)
-    w = walk(subject, args.layer, args.head)
+    m = encoder_for(args, sentences)
+    subject = make_subject(m.model, m.tokenizer, args.sentence, m.label)
+    check_options(subject, args.target, args.steps, choice)  # before the model runs
+    w, translation = walk_sentence(subject, args.layer, args.head, args.target, args.steps,
+                                   choice, m.target_tokenizer)
     compared = None
     if args.compare:
-        other = make_subject(model, tok, args.compare, label)
+        other = make_subject(m.model, m.tokenizer, args.compare, m.label)
         compared = compare_word(subject, other, args.word)
-    print(format_text(w, args.dims, compared))
+    print(format_text(w, args.dims, compared, translation))
     if args.html:
         from attnlab.explain.html import write_html
 
         print(f"\nHTML page: {write_html(w, args.html, compared, args.dims)}")
     if not all(c.ok for c in w.checks):
+        raise CheckFailed("a check failed (see above)")
+
+
+def _choice(args: argparse.Namespace):
+    """The output stage's choice of the next token (--temperature, --top-k, --top-p,
+    --sample-seed), refused with the flag's name where generate would refuse it."""
+    from attnlab.errors import BadInput
+    from attnlab.explain.output import Choice
+
+    try:
+        return Choice(args.temperature, args.top_k, args.top_p, args.sample_seed)
+    except BadInput as e:
+        name, rest = str(e).split(" ", 1)
+        raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
+
+
+def _probes(args: argparse.Namespace) -> list[str]:
+    """The flags that read the model's own run layer by layer or change it head by head."""
+    return [flag for flag, on in (("--lens", args.lens), ("--all-layers", args.all_layers),
+                                  ("--ablate", args.ablate), ("--patch-from", args.patch_from))
+            if on]
+
+
+def _explain_probes(args: argparse.Namespace) -> None:
+    """``--lens``, ``--all-layers``, ``--ablate``, ``--patch-from`` (attnlab/explain/lens.py,
+    interventions.py): the input and the heads are checked before the model is announced."""
+    from attnlab.errors import BadInput
+    from attnlab.explain.interventions import check_same_length, parse_heads, probe_report
+    from attnlab.explain.probe import image_probe, sentence_probe
+
+    flags = _probes(args)
+    given = [name for name, value in (("--compare", args.compare), ("--word", args.word),
+                                      ("--html", args.html), ("--steps", args.steps)) if value]
+    if given:
+        raise UsageError(f"{flags[0]} prints its own tables: drop {', '.join(given)}")
+    if args.image and (args.patch_from or args.target):
+        raise UsageError(f"--image takes no {'--patch-from' if args.patch_from else '--target'}")
+    if not args.sentence and not args.image:
+        raise UsageError(f"{flags[0]} needs a sentence (or --image)")
+    try:
+        if args.image:
+            model, image, _, _ = vision_for(args, f"explain {flags[0]}")
+            probe, other = image_probe(model, image), None
+        else:
+            from attnlab.explain.subject import load_subject_model
+
+            texts = [args.sentence] + ([args.patch_from] if args.patch_from else [])
+            model, tok, _, source, tgt_tok = load_subject_model(args.model, texts, args.seed)
+            probe = sentence_probe(model, tok, args.sentence, args.target, tgt_tok)
+            other = (sentence_probe(model, tok, args.patch_from, args.target, tgt_tok)
+                     if args.patch_from else None)
+        heads = parse_heads(args.ablate, probe) if args.ablate else None
+        if other is not None:
+            check_same_length(probe, other)
+    except BadInput as e:
+        raise UsageError(str(e) if str(e).startswith("--") else f"{flags[0]}: {e}") from None
+    if not args.image:
+        announce(args, source, *runs_on(model))
+    text, checks = probe_report(probe, args.lens, heads, other, args.all_layers)
+    print(text)
+    if not all(c.ok for c in checks):
+        raise CheckFailed("a check failed (see above)")
+
+
+def _explain_examples(args: argparse.Namespace) -> None:
+    """``--examples`` (the list) or ``--example NAME`` (one, recomputed); neither runs a model,
+    so a sentence or a model given with them is refused."""
+    flag = "--examples" if args.examples else "--example"
+    given = [name for name, value in (("sentence", args.sentence), ("--model", args.model),
+                                      ("--image", args.image), ("--compare", args.compare),
+                                      ("--html", args.html), ("--backward", args.backward))
+             if value]
+    if args.examples and args.example:
+        given.append("--example")
+    if given:
+        raise UsageError(f"{flag} takes no {', '.join(given)}: the worked examples recompute "
+                         "the course's own numbers, not a model")
+    from attnlab.explain.examples import format_example, format_list, list_examples, run_example
+
+    if args.examples:
+        print(format_list(list_examples()))
+        return
+    result = run_example(args.example)
+    print(format_example(result))
+    if not all(c.ok for c in result.checks):
         raise CheckFailed("a check failed (see above)")
 
 
@@ -106,15 +203,15 @@ def vision_for(args: argparse.Namespace, command: str):
     return model, image, name, label
 
 
-def encoder_for(args: argparse.Namespace, sentences: list[str]):
-    """``(model, tokenizer, label)`` of the encoder to follow, announced on stderr: the one
-    ``--model`` names, else a freshly initialised tiny model (random weights, ``--seed``)
-    whose word vocabulary is ``sentences``."""
+def encoder_for(args: argparse.Namespace, sentences: list[str]) -> SubjectModel:
+    """The model to follow, announced on stderr: the one ``--model`` names, else a freshly
+    initialised tiny model (random weights, ``--seed``) whose word vocabulary is
+    ``sentences``."""
     from attnlab.explain.subject import load_subject_model
 
-    model, tok, label, source = load_subject_model(args.model, sentences, args.seed)
-    announce(args, source, *runs_on(model))
-    return model, tok, label
+    m = load_subject_model(args.model, sentences, args.seed)
+    announce(args, m.source, *runs_on(m.model))
+    return m
 
 
 def runs_on(model) -> tuple[torch.device, str]:
@@ -146,7 +243,10 @@ def add_commands(sub) -> None:
         description="Print every stage (tokens, ids, embeddings, positions, Q/K/V, scores, "
                     "scaling, mask, softmax, weighted sum, heads, W_O, residual + norm, "
                     "feed-forward) for one layer and head, with computed checks: an encoder's, "
-                    "or a decoder's (causal; a sliding window's band). With --image, "
+                    "or a decoder's (causal; a sliding window's band). An encoder–decoder "
+                    "continues through its decoder (masked self-attention, cross-attention), "
+                    "the output stage and the translation, one token a step; a decoder-only "
+                    "model and a masked LM at [MASK] end with the output stage. With --image, "
                     "a ViT's: patches, their projection, [CLS], positions, the layer, the "
                     "prediction.")
     ex.add_argument("sentence", nargs="?", help="the sentence to follow")
@@ -156,16 +256,55 @@ def add_commands(sub) -> None:
     ex.add_argument("--image", metavar="SPEC",
                     help="follow an image through a ViT instead: digits:N (image N of the "
                          "digits test split), or a .npy or PNG file of the model's shape")
-    ex.add_argument("--layer", type=int, default=0)
-    ex.add_argument("--head", type=int, default=0)
+    ex.add_argument("--layer", type=int, default=0,
+                    help="the layer to follow (an encoder–decoder: in the encoder and in the "
+                         "decoder)")
+    ex.add_argument("--head", type=int, default=0,
+                    help="the head to follow (an encoder–decoder: in both stacks, and in the "
+                         "decoder's cross-attention)")
+    ex.add_argument("--target", metavar="PREFIX",
+                    help="an encoder–decoder: the target prefix the decoder reads after the "
+                         "start token (default: the start token alone); it also runs in one "
+                         "pass (teacher forcing), checked against decoding it step by step")
+    ex.add_argument("--steps", type=int, metavar="N",
+                    help="an encoder–decoder: tokens to generate after the prefix, one a "
+                         "step with the KV cache (default: to the end token or the length "
+                         "limit, as translate does)")
+    ex.add_argument("--temperature", type=float, default=0.0,
+                    help="the output stage: sample from softmax(logits / T) (0: greedy)")
+    ex.add_argument("--top-k", type=int, help="sampling: keep the k most likely tokens")
+    ex.add_argument("--top-p", type=float,
+                    help="sampling: keep the smallest set of tokens whose probability reaches p")
+    ex.add_argument("--sample-seed", type=int,
+                    help="seed of the sampling generator (default 0; --seed is the tiny "
+                         "model's)")
     ex.add_argument("--dims", type=int, default=6, help="columns of each matrix to print")
     ex.add_argument("--compare", metavar="SENTENCE",
                     help="a second sentence: contextual vs static vectors of a shared word")
     ex.add_argument("--word", help="the shared word to compare (default: the longest)")
     ex.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
+    ex.add_argument("--lens", action="store_true",
+                    help="the logit lens: every layer's output through the model's final norm "
+                         "and output layer, top tokens by layer and position (BERT: at [MASK])")
+    ex.add_argument("--all-layers", action="store_true",
+                    help="the residual stream layer by layer at the last position: the update's "
+                         "norm, what the lens reads, the head that moved it most")
+    ex.add_argument("--ablate", metavar="L.H[,L.H...]",
+                    help="zero these heads' outputs (layer.head; an encoder-decoder also takes "
+                         "encoder.L.H, decoder.L.H, cross.L.H) and show what changes")
+    ex.add_argument("--patch-from", metavar="SENTENCE",
+                    help="activation patching: each head's output from this sentence's run (the "
+                         "same token count), one head at a time; the logit difference restored")
     ex.add_argument("--backward", action="store_true",
                     help="print one head's gradients by the formulas, checked against autograd "
                          "(on fixed random numbers: no sentence, no model)")
+    ex.add_argument("--examples", action="store_true",
+                    help="list the course's worked examples, each with its course file and "
+                         "section")
+    ex.add_argument("--example", metavar="NAME",
+                    help="recompute one worked example from the inputs its course text states, "
+                         "every intermediate shown, where the text's printed values differ and "
+                         "why, and checks against torch (no sentence, no model)")
     ex.add_argument("--seed", type=int, default=0, help="seed of the tiny model (or vit-tiny)")
     add_quiet_arg(ex)
     ex.set_defaults(func=cmd_explain)

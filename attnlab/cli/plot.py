@@ -14,7 +14,8 @@ from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, add_quiet
 from attnlab.cli.explain import check_can_write, encoder_for, runs_on, vision_for
 
 # the plots that run a model on a sentence, and an example of their arguments
-EXAMPLES = {"attention": '"the cat sat on the mat"', "cross": '"forty-two" --model runs/demo'}
+EXAMPLES = {"attention": '"the cat sat on the mat"', "cross": '"forty-two" --model runs/demo',
+            "lens": '"The capital of France is" --model smollm2'}
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
@@ -50,7 +51,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
     elif args.what == "attention":
         from attnlab.explain.subject import make_subject
 
-        model, tok, label = encoder_for(args, [args.sentence])
+        model, tok, label, *_ = encoder_for(args, [args.sentence])
         subject = make_subject(model, tok, args.sentence, label)
         weights = torch.stack(subject.run_model().weights)  # (layers, heads, seq, seq)
         viz.plot_attention_grid(weights, subject.tokens, out, title=f"self-attention: {label}")
@@ -64,6 +65,8 @@ def cmd_plot(args: argparse.Namespace) -> None:
                                                    loaded.tokenizers["target"], args.sentence)
         viz.plot_cross_attention(weights, src, out_pieces, out,
                                  title="cross-attention, last layer (mean of heads)")
+    elif args.what == "lens":
+        _plot_lens(args, out)
     elif args.what == "positional":
         viz.plot_positional_encoding(args.max_len, args.d_model, out)
     else:  # schedule
@@ -75,14 +78,38 @@ def cmd_plot(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def _plot_lens(args: argparse.Namespace, out: Path) -> None:
+    """``plot lens``: the logit lens (attnlab/explain/lens.py) as a heatmap."""
+    from attnlab import viz
+    from attnlab.errors import BadInput
+    from attnlab.explain.lens import logit_lens
+    from attnlab.explain.probe import sentence_probe
+    from attnlab.explain.subject import load_subject_model
+    from attnlab.explain.tables import label
+
+    model, tok, name, source, tgt_tok = load_subject_model(args.model, [args.sentence],
+                                                           args.seed)
+    try:
+        probe = sentence_probe(model, tok, args.sentence, None, tgt_tok)
+    except BadInput as e:
+        raise UsageError(f"plot lens: {e}") from None
+    announce(args, source, *runs_on(model))
+    lens = logit_lens(probe)
+    cells = [[label(probe.token_text(int(i))) for i in row[:, 0]] for row in lens.top_ids]
+    viz.plot_lens(lens.final_probs, cells, lens.layers,
+                  [label(probe.tokens[p]) for p in probe.read], out,
+                  title=f"logit lens: {name}\ncolour: p(final prediction); text: top token")
+
+
 def add_commands(sub) -> None:
     pl = sub.add_parser("plot", help="PNG pictures: attention grid, a ViT's attention "
                                      "rollout, cross-attention, positional encoding, "
                                      "learning-rate schedule",
                         description="Draw a picture as a PNG file.")
-    pl.add_argument("what", choices=["attention", "cross", "positional", "schedule"],
+    pl.add_argument("what", choices=["attention", "cross", "lens", "positional", "schedule"],
                     help="attention: every head's map for a sentence, or with --image a "
-                         "ViT's [CLS] attention rollout over the image")
+                         "ViT's [CLS] attention rollout over the image; lens: the logit lens, "
+                         "layer × position")
     pl.add_argument("sentence", nargs="?",
                     help="attention, cross: the sentence to run through the model (required)")
     add_model_arg(pl, "attention: minilm, a HF BERT folder or a run, with --image a ViT run or "

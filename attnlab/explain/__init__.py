@@ -1,7 +1,15 @@
 """attnlab.explain: one sentence (or, with a ViT, one image) through the pipeline, recomputed
 and checked stage by stage; attention rollout; a numpy reference for one attention head
-(forward and backward); an HTML report."""
+(forward and backward); an HTML report; the course's worked examples, recomputed."""
 
+from attnlab.explain.examples import (
+    Example,
+    ExampleResult,
+    format_example,
+    list_examples,
+    run_example,
+)
+from attnlab.explain.hooks import patched, stage_names, trace
 from attnlab.explain.image import (
     ImageSubject,
     attention_rollout,
@@ -16,3 +24,5 @@ from attnlab.explain.walkthrough import Check, Stage, Walkthrough, compare_word,
 __all__ = ["walk", "compare_word", "Walkthrough", "Stage", "Check", "Subject", "make_subject",
            "load_subject_model", "head_forward", "head_backward", "walk_image",
            "make_image_subject", "ImageSubject", "attention_rollout", "image_attention"]
+__all__ += ["list_examples", "run_example", "format_example", "Example", "ExampleResult"]
+__all__ += ["trace", "patched", "stage_names"]  # hooks: record and replace any stage

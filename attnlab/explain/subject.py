@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -131,12 +131,23 @@ def _tiny(sentences: list[str], seed: int):
     return model.eval(), tok, f"tiny (freshly initialised, seed {seed}: random weights)"
 
 
-def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
-    """``(model, tokenizer, label, source)`` for ``--model``: None (a random tiny model whose
-    word vocabulary is ``sentences``), ``minilm``, or a folder; ``source`` is the folder or
-    file read, or a phrase saying the model is random."""
+class SubjectModel(NamedTuple):
+    """A model to follow and how it reads and writes text."""
+
+    model: nn.Module
+    tokenizer: object  # what reads the sentence (an encoder–decoder's source side)
+    label: str  # the model, in a heading
+    source: object  # the folder or file read, or a phrase saying the model is random
+    target_tokenizer: object  # what writes an encoder–decoder's output (else ``tokenizer``)
+
+
+def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0) -> SubjectModel:
+    """The model ``--model`` names: None (a random tiny model whose word vocabulary is
+    ``sentences``), ``minilm``, or a folder."""
     if spec is None:
-        return (*_tiny(sentences, seed), f"a random tiny model (untrained, seed {seed})")
+        model, tok, label = _tiny(sentences, seed)
+        return SubjectModel(model, tok, label, f"a random tiny model (untrained, seed {seed})",
+                            tok)
     from attnlab.storage import MINILM, load
 
     loaded = load(spec)
@@ -147,7 +158,8 @@ def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0):
     if tok is None:
         raise BadInput(f"{spec}: explain needs the model's tokenizer, and the folder has none")
     label = "all-MiniLM-L6-v2 (pretrained)" if spec == MINILM else str(spec)
-    return loaded.model, tok, label, loaded.path
+    return SubjectModel(loaded.model, tok, label, loaded.path,
+                        loaded.tokenizers.get("target", tok))
 
 
 def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subject:
@@ -183,7 +195,7 @@ def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subj
             layers, embed = model.encoder.layers, model.embed
         else:  # the encoder of an encoder–decoder
             ids = torch.tensor([tokenizer.encode(sentence, add_eos=True)])
-            pieces = [tokenizer.vocab[int(i)] for i in ids[0]]
+            pieces = [piece(tokenizer, int(i)) for i in ids[0]]
             positions = torch.arange(ids.shape[1])
             pos = model.positional.embed(torch.zeros(1, ids.shape[1], model.config.d_model),
                                          positions)[0]
@@ -201,6 +213,19 @@ def make_subject(model: nn.Module, tokenizer, sentence: str, label: str) -> Subj
     return Subject(label, model, tokenizer, sentence, pieces, ids, tok_emb, pos, seg, x0, formula,
                    layers, model.positional, positions, torch.ones(seq, seq, dtype=torch.bool),
                    forward)
+
+
+def piece(tok, i: int) -> str:
+    """Token ``i`` as the tokenizer writes it (its vocabulary's piece where it keeps one)."""
+    vocab = getattr(tok, "vocab", None)
+    if isinstance(vocab, list):  # (the tiny model has rows past a small word vocabulary)
+        return vocab[i] if i < len(vocab) else f"#{i}"
+    backend = getattr(tok, "backend", None)
+    if backend is not None and hasattr(backend, "id_to_token"):
+        name = backend.id_to_token(i)
+        if name is not None and hasattr(tok, "mask_id"):  # WordPiece: its own pieces
+            return name
+    return tok.decode([i], skip_special=False)
 
 
 def decoder_mask(seq: int, window: int | None) -> tuple[Tensor, str]:

@@ -55,7 +55,7 @@ def dom(page, fragment):
 @pytest.mark.skipif(BROWSER is None, reason="no chromium on this machine (.ci/run installs the "
                                             "Debian package)")
 def test_html_page_in_headless_chromium(tmp_path):
-    model, tok, label, _ = load_subject_model(None, ["money in the bank grows"])
+    model, tok, label, *_ = load_subject_model(None, ["money in the bank grows"])
     w = walk(make_subject(model, tok, "money in the bank grows", label), 1, 2)
     page = write_html(w, tmp_path / "explain.html")
     text = page.read_text()

@@ -200,3 +200,41 @@ def test_a_config_t5_cannot_express_is_refused(tmp_path):
     model.config = ModelConfig.from_dict({**cfg.to_dict(), "extra": {"hf_model_type": "t5"}})
     with pytest.raises(BadInput, match="no T5ForConditionalGeneration equivalent"):
         save_pretrained(model, tmp_path)
+
+
+def _word_tokenizer(path) -> None:
+    """A tokenizer.json of T5's special ids (pad 0, eos 1, unk 2) and 61 words: w3 … w63."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": PAD, "</s>": EOS, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<pad>", "</s>", "<unk>"])
+    tok.save(str(path))
+
+
+def test_a_folder_with_a_tokenizer_json_translates_and_is_explained(pair, tmp_path, capsys):
+    """An encoder–decoder folder with one tokenizer.json (T5's way) reads its source and writes
+    its target with it: `translate` gives transformers' greedy answer, and `explain` follows
+    the sentence through the encoder, the decoder and every step to the same answer."""
+    from tokenizers import Tokenizer
+
+    kind, theirs, _ = pair
+    folder = tmp_path / "t5"
+    hf_folder(kind, folder)
+    _word_tokenizer(folder / "tokenizer.json")
+    sentence = "w5 w17 w42 w9 w33"
+    hf_tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    src = torch.tensor([hf_tok.encode(sentence).ids + [EOS]])
+    limit = src.shape[1] + 50  # translate's: 50 tokens past the source
+    ids = hf_generate(theirs, src, num_beams=1, max_length=limit)[0]
+    expected = hf_tok.decode(ids.tolist(), skip_special_tokens=True)
+    assert expected  # some words, not only specials
+
+    r = cli(capsys, "translate", "--model", folder, sentence, "--precision", "fp32")
+    assert r.code == 0 and r.out.strip() == expected, r.err
+    r = cli(capsys, "explain", "--model", folder, sentence)
+    assert r.code == 0, r.err
+    assert "checks passed" in r.out and "FAILED" not in r.out
+    built = re.search(r"translation, built token by token: '([^']*)'", r.out).group(1)
+    assert built == expected
