@@ -50,7 +50,7 @@ ARCHITECTURE = DOCS / "architecture.md"
 # the order the pages run in: each may use what an earlier one made (runs/lm, runs/digits, ...);
 # a page not listed runs after these
 ORDER = ["models", "hardware", "training", "translation", "decoding", "finetuning",
-         "compression", "serving", "scaling", "explain", "reliability"]
+         "compression", "serving", "scaling", "explain", "learn", "reliability"]
 # pages whose commands parse but do not run: the benchmarks (minutes to hours each), and the
 # architecture page's traces of three commands through the code, which tests/test_architecture.py
 # and tests/cli/test_call_path.py run

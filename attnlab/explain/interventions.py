@@ -8,7 +8,8 @@ compares the two.
 
 **Activation patching** runs a second input of the same length, and puts one head's output
 (all positions) from that run into the main run at a time. With ``a`` and ``b`` the two runs'
-top tokens at the last read position and ``D = logit_b − logit_a`` there,
+top tokens at the last read position (where both predict ``a``, ``b`` is the other run's
+runner-up) and ``D = logit_b − logit_a`` there,
 
     effect(l, h) = (D_patched(l, h) − D_main) / (D_other − D_main)
 
@@ -153,9 +154,10 @@ class Patching:
     rows: list[str]  # each attention: "0", "1" (one stack) or "encoder.0", "cross.1", …
     effect: Tensor  # (attentions, max heads); NaN where a layer has fewer heads
     main_token: int  # a: the main run's top token at the last read position
-    other_token: int  # b: the other run's
+    other_token: int  # b: the other run's (its runner-up where both runs predict a)
     main_diff: float  # D_main = logit_b − logit_a in the main run
     other_diff: float  # D_other
+    same_top: bool = False  # both runs predict a: b is the other run's second
 
 
 def check_same_length(main: Probe, other: Probe, flag: str = "--patch-from") -> None:
@@ -173,23 +175,63 @@ def _row(stack: str, layer: int, attention: str, several: bool) -> str:
     return f"{stack}.{layer}" if several else str(layer)
 
 
+def attentions(model: nn.Module) -> list[tuple[str, int, str]]:
+    """Every attention of ``model`` as ``(stack, layer, "self_attn" | "cross_attn")``, in the
+    order the forward pass runs them."""
+    return [(s, i, a) for s, layers in stacks(model).items() for i, layer in enumerate(layers)
+            for a in ATTENTIONS if getattr(layer, a, None) is not None]
+
+
+@dataclass
+class EachAblated:
+    rows: list[str]  # each attention, named as in Patching.rows
+    probs: Tensor  # p(chosen) with that one head ablated, (attentions, max heads); NaN: no head
+    before: float  # p(chosen) unablated
+    chosen: int  # the model's own pick at the last read position
+
+
+def ablate_each(probe: Probe) -> EachAblated:
+    """Every head ablated alone (:func:`zero_heads`, one head at a time): the probability of the
+    model's own greedy pick at the last read position, ``softmax(scores_without_h)[chosen]``,
+    over the scores a token may be chosen from (:func:`~attnlab.explain.output.usable`: an
+    encoder–decoder never outputs padding), as the output stage reads them."""
+    from attnlab.explain.output import usable
+
+    def probs() -> Tensor:
+        return usable(probe.forward()[-1].float(), probe.model).softmax(-1)
+
+    found = stacks(probe.model)
+    stages = attentions(probe.model)
+    before = probs()
+    chosen = int(before.argmax())
+    width = max(getattr(found[s][i], a).n_heads for s, i, a in stages)
+    after = torch.full((len(stages), width), float("nan"))
+    rows = [_row(s, i, a, len(found) > 1) for s, i, a in stages]
+    for r, (s, i, a) in enumerate(stages):
+        for h in range(getattr(found[s][i], a).n_heads):
+            with patched(probe.model, zero_heads([HeadRef(s, a, i, 0, f"{rows[r]}.{h}")])):
+                after[r, h] = probs()[chosen]
+    return EachAblated(rows, after, float(before[chosen]), chosen)
+
+
 def patch_from(main: Probe, other: Probe) -> Patching:
     """Each head's output from ``other``'s run put into ``main``'s, one head at a time
     (module docstring)."""
     check_same_length(main, other)
     found = stacks(main.model)
-    stages = [(s, i, a) for s, layers in found.items() for i, layer in enumerate(layers)
-              for a in ATTENTIONS if getattr(layer, a, None) is not None]
+    stages = attentions(main.model)
     theirs = trace(other.model, stages=[f"{s}.{i}.{a}.heads" for s, i, a in stages],
                    forward=other.forward)
     base = main.forward()[-1]
-    a, b = int(base.argmax()), int(theirs.output[-1].argmax())
-    if a == b:
-        raise BadInput(f"--patch-from: both sentences predict {main.token_text(a)!r} at the last "
-                       "position; patching measures the logit difference between two "
-                       "predictions, so the other sentence must predict another token")
+    a, ranked = int(base.argmax()), theirs.output[-1].topk(2).indices.tolist()
+    same_top = ranked[0] == a  # then the contrast is with the other run's runner-up
+    b = ranked[1] if same_top else ranked[0]
     d_main = float(base[b] - base[a])
     d_other = float(theirs.output[-1][b] - theirs.output[-1][a])
+    if abs(d_other - d_main) < 1e-6:
+        raise BadInput(f"--patch-from: the two sentences give the same logit difference "
+                       f"between {main.token_text(b)!r} and {main.token_text(a)!r} at the last "
+                       "position: there is no difference for a head to carry")
     width = max(getattr(found[s][i], at).n_heads for s, i, at in stages)
     effect = torch.full((len(stages), width), float("nan"))
     for r, (s, i, at) in enumerate(stages):
@@ -199,7 +241,7 @@ def patch_from(main: Probe, other: Probe) -> Patching:
                 out = main.forward()[-1]
             effect[r, h] = (float(out[b] - out[a]) - d_main) / (d_other - d_main)
     rows = [_row(s, i, at, len(found) > 1) for s, i, at in stages]
-    return Patching(rows, effect, a, b, d_main, d_other)
+    return Patching(rows, effect, a, b, d_main, d_other, same_top)
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -233,7 +275,9 @@ def format_patching(probe: Probe, patching: Patching) -> str:
              for row in patching.effect]
     return "\n".join([
         f"activation patching: one head's output (before W_O, all positions) from the other "
-        f"run at a time; D = logit({b}) − logit({a}) at the last position",
+        f"run at a time; D = logit({b}) − logit({a}) at the last position"
+        + (f" (both runs predict {a}: {b} is the other run's runner-up)"
+           if patching.same_top else ""),
         f"  D_main = {patching.main_diff:+.4f}, D_other = {patching.other_diff:+.4f}; "
         "effect = (D_patched − D_main) / (D_other − D_main), layer × head:",
         grid(cells, patching.rows, [f"h{h}" for h in range(patching.effect.shape[1])])])
@@ -283,6 +327,7 @@ def probe_report(probe: Probe, lens: bool = False, heads: list[HeadRef] | None =
     return "\n\n".join(parts), checks
 
 
-__all__ = ["Ablation", "HeadRef", "Patching", "ablate", "check_same_length", "format_ablation",
+__all__ = ["Ablation", "EachAblated", "HeadRef", "Patching", "ablate", "ablate_each",
+           "attentions", "check_same_length", "format_ablation",
            "format_patching", "identity_check", "parse_heads", "patch_from", "probe_report",
            "pruned_check", "zero_heads"]

@@ -126,13 +126,32 @@ def test_patching_against_hooks_by_hand():
     assert table.rows == ["0", "1", "2"]
 
 
-def test_patching_needs_the_same_length_and_another_prediction():
+def test_patching_needs_the_same_length_and_a_difference_to_carry():
     model, tok = gpt("gpt-mini"), word_tok()
     main = sentence_probe(model, tok, "the capital of france is")
     with pytest.raises(BadInput, match="--patch-from.*4 tokens.*5"):
         check_same_length(main, sentence_probe(model, tok, "rome is the capital"))
-    with pytest.raises(BadInput, match="both sentences predict"):
+    with pytest.raises(BadInput, match="same logit difference"):
         patch_from(main, sentence_probe(model, tok, "the capital of france is"))
+
+
+def test_where_both_runs_predict_one_token_the_contrast_is_the_others_runner_up():
+    """Both sentences' top token is a: b is the other run's second, and the effect of each head
+    is still (D_patched − D_main) / (D_other − D_main) with D = logit_b − logit_a."""
+    model, tok = gpt("gpt-mini"), word_tok()
+    main = sentence_probe(model, tok, "the capital of france is")
+    for words in ("the capital of rome is", "a capital of france is", "the city of france is"):
+        other = sentence_probe(model, tok, words)
+        a = int(main.forward()[-1].argmax())
+        theirs = other.forward()[-1]
+        if int(theirs.argmax()) == a:
+            break
+    else:
+        pytest.skip("no sentence here predicts the main one's token")
+    table = patch_from(main, other)
+    b = int(theirs.topk(2).indices[1])
+    assert table.same_top and (table.main_token, table.other_token) == (a, b)
+    assert table.other_diff == pytest.approx(float(theirs[b] - theirs[a]), abs=1e-6)
 
 
 def test_identity_check_is_bit_for_bit():
