@@ -74,7 +74,9 @@ def cmd_explain(args: argparse.Namespace) -> None:
     if args.html:
         from attnlab.explain.html import write_html
 
-        print(f"\nHTML page: {write_html(w, args.html, compared, args.dims)}")
+        page = write_html(w, args.html, compared, args.dims, translation, args.target,
+                          m.target_tokenizer)
+        print(f"\nHTML page: {page}")
     if not all(c.ok for c in w.checks):
         raise CheckFailed("a check failed (see above)")
 
@@ -108,22 +110,25 @@ def _explain_probes(args: argparse.Namespace) -> None:
 
     flags = _probes(args)
     given = [name for name, value in (("--compare", args.compare), ("--word", args.word),
-                                      ("--html", args.html), ("--steps", args.steps)) if value]
+                                      ("--steps", args.steps)) if value]
     if given:
         raise UsageError(f"{flags[0]} prints its own tables: drop {', '.join(given)}")
     if args.image and (args.patch_from or args.target):
         raise UsageError(f"--image takes no {'--patch-from' if args.patch_from else '--target'}")
     if not args.sentence and not args.image:
         raise UsageError(f"{flags[0]} needs a sentence (or --image)")
+    if args.html:  # the page the plain explain writes, while the flags print their tables
+        check_can_write(args.html, "--html")
+        choice = _choice(args)
     try:
         if args.image:
-            model, image, _, _ = vision_for(args, f"explain {flags[0]}")
-            probe, other = image_probe(model, image), None
+            model, image, name, label = vision_for(args, f"explain {flags[0]}")
+            probe, other, tgt_tok = image_probe(model, image), None, None
         else:
             from attnlab.explain.subject import load_subject_model
 
             texts = [args.sentence] + ([args.patch_from] if args.patch_from else [])
-            model, tok, _, source, tgt_tok = load_subject_model(args.model, texts, args.seed)
+            model, tok, label, source, tgt_tok = load_subject_model(args.model, texts, args.seed)
             probe = sentence_probe(model, tok, args.sentence, args.target, tgt_tok)
             other = (sentence_probe(model, tok, args.patch_from, args.target, tgt_tok)
                      if args.patch_from else None)
@@ -134,10 +139,37 @@ def _explain_probes(args: argparse.Namespace) -> None:
         raise UsageError(str(e) if str(e).startswith("--") else f"{flags[0]}: {e}") from None
     if not args.image:
         announce(args, source, *runs_on(model))
+    if args.html:  # first: a layer or head the walk lacks is refused before any table
+        w, page = _page(args, model, label, choice, image if args.image else tok, tgt_tok,
+                        name if args.image else None)
     text, checks = probe_report(probe, args.lens, heads, other, args.all_layers)
     print(text)
+    if args.html:
+        print(f"\nHTML page: {page} (its walkthrough: {sum(c.ok for c in w.checks)} of "
+              f"{len(w.checks)} checks passed)")
+        checks += w.checks
     if not all(c.ok for c in checks):
         raise CheckFailed("a check failed (see above)")
+
+
+def _page(args: argparse.Namespace, model, label: str, choice, reads, tgt_tok, name=None):
+    """``--html`` with a probe flag: the walk the plain ``explain`` prints, written to the
+    page only (attnlab/explain/html.py: the views, the output, the lens and the ablations).
+    ``reads``: the tokenizer, or with ``--image`` the image (named ``name``)."""
+    from attnlab.explain.html import write_html
+
+    if args.image:
+        from attnlab.explain.image import make_image_subject, walk_image
+
+        w = walk_image(make_image_subject(model, reads, name, label), args.layer, args.head)
+        translation = None
+    else:
+        from attnlab.explain.seq2seq import walk_sentence
+        from attnlab.explain.subject import make_subject
+
+        w, translation = walk_sentence(make_subject(model, reads, args.sentence, label),
+                                       args.layer, args.head, args.target, None, choice, tgt_tok)
+    return w, write_html(w, args.html, None, args.dims, translation, args.target, tgt_tok)
 
 
 def _explain_examples(args: argparse.Namespace) -> None:

@@ -209,7 +209,7 @@ def ablate_each(probe: Probe) -> EachAblated:
     rows = [_row(s, i, a, len(found) > 1) for s, i, a in stages]
     for r, (s, i, a) in enumerate(stages):
         for h in range(getattr(found[s][i], a).n_heads):
-            with patched(probe.model, zero_heads([HeadRef(s, a, i, 0, f"{rows[r]}.{h}")])):
+            with patched(probe.model, zero_heads([HeadRef(s, a, i, h, f"{rows[r]}.{h}")])):
                 after[r, h] = probs()[chosen]
     return EachAblated(rows, after, float(before[chosen]), chosen)
 

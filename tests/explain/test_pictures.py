@@ -63,12 +63,13 @@ def test_html_page_in_headless_chromium(tmp_path):
 
     first, second = dom(page, "layer=0&head=0"), dom(page, "layer=1&head=3&token=3")
     assert "layer 0 · head 0" in first and "layer 1 · head 3" in second
-    rendered = re.search(r'<div id="tokens">(.*?)</div>', first).group(1)
+    rendered = re.search(r'<div id="tokens"[^>]*>(.*?)</div>', first).group(1)
     spans = [html.unescape(t) for t in re.findall(r"<span[^>]*>([^<]*)</span>", rendered)]
     assert spans == w.subject.tokens  # the tokens are rendered, in order
 
     def cells(d):
-        return [float(x) for x in re.findall(r'data-weight="([0-9.e-]+)"', d)]
+        heatmap = re.search(r'<table id="heatmap">(.*?)</table>', d, re.S).group(1)
+        return [float(x) for x in re.findall(r'data-value="([0-9.e-]+)"', heatmap)]
 
     a, b = cells(first), cells(second)
     n = len(w.subject.tokens)
