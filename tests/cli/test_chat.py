@@ -18,6 +18,7 @@ from attnlab.generation.decode import generate  # (chat's own is recorded in the
 from attnlab.storage import save_model_dir
 from attnlab.tokenizers.bpe import BPETokenizer
 from tests.cli.helpers import RUNNING, assert_bad_input, cli
+from tests.sampling import constant_logits_model, reference_draws
 
 pytest.importorskip("jinja2")
 
@@ -174,6 +175,30 @@ def test_a_reply_stops_at_eos(capsys, monkeypatch, model, tmp_path):
     assert new[-1] == 3 and len(new) < MAX_NEW  # the test's own premise: eos came early
     assert r.out == expected(biased, template, first)[1] + "\n"
     assert r.out == tokenizer().decode(new[:-1]) + "\n"
+
+
+def test_a_sampled_reply_is_the_reference_draws_of_the_models_logits(capsys, monkeypatch,
+                                                                     tmp_path):
+    """A model whose every step's logits are known, sampled with every setting chat offers:
+    each reply's tokens are transformers' processors' seeded draws (tests/sampling.py), the
+    penalty over the rendered prompt and the reply so far, the one --seed generator running on
+    from the first reply into the second. The special tokens and "<" (which could spell the end
+    marker) get logit -1e4, probability 0: no reply ends early."""
+    tok = tokenizer()
+    z = torch.randn(tok.vocab_size, generator=torch.Generator().manual_seed(6)) * 2
+    z[[0, 1, 2, 3, *tok.encode("<")]] = -1e4
+    model = constant_logits_model(z, bos_id=2, eos_id=3, pad_id=0, unk_id=1)
+    folder = save_model_dir(tmp_path / "model", model, model.config, {"text": tok.to_dict()})
+    r, calls = chat(capsys, monkeypatch, "hello there\nwhat next?\n", "--model", folder,
+                    "--chat-template", template_file(tmp_path), "--temperature", "1.6",
+                    "--top-k", "8", "--top-p", "0.8", "--repetition-penalty", "1.3", "--seed",
+                    "7", *RUN)
+    assert r.code == 0, r.err
+    assert len(calls) == 2
+    generator = torch.Generator().manual_seed(7)
+    for _, prompt, out in calls:
+        assert out[len(prompt):] == reference_draws(z, [prompt], MAX_NEW, generator, 1.6, 8,
+                                                    0.8, 1.3)[0]
 
 
 def test_a_missing_template_is_one_line(capsys, monkeypatch, model, tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnlab import ModelConfig, build_model, load, save_pretrained
+from attnlab.cpu import for_decoding
 from attnlab.storage import save_model_dir
 from attnlab.tokenizers import BPETokenizer
 from tests.cli.helpers import RUNNING, assert_bad_input, cli
@@ -59,11 +60,14 @@ def files(tmp_path_factory):
             "data": jsonl(root / "data.jsonl", QUESTIONS), "pool": jsonl(root / "pool.jsonl", POOL)}
 
 
-def recomputed(folder, questions, demos_of):
+def recomputed(folder, questions, demos_of, int4: bool = False):
     """(scores per question, acc, acc_norm): the harness's recipe written out for these
-    prompts (none ends in whitespace, and none is empty)."""
-    loaded = load(folder)
+    prompts (none ends in whitespace, and none is empty). ``int4``: on ``load(folder,
+    int4=True)``, prepared as integer models are (``for_decoding``: an int8 output layer)."""
+    loaded = load(folder, int4=int4)
     model, tok = loaded.model, loaded.tokenizer
+    if int4:
+        model = for_decoding(model, "cpu", "bf16", integer=True)
     scores, acc, acc_norm = [], [], []
     for i, q in enumerate(questions):
         prompt = (q["instruction"] + "\n\n" if "instruction" in q else "") + "".join(
@@ -88,18 +92,18 @@ def stderr(values):
     return float(np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
-def run(capsys, files, *flags, model="model"):
+def run(capsys, files, *flags, model="model", precision="fp32"):
     r = cli(capsys, "evaluate", "choice", "--model", files[model], "--data", files["data"],
-            "--device", "cpu", "--precision", "fp32", *flags)
+            "--device", "cpu", "--precision", precision, *flags)
     assert r.code == 0, r.err
     return r
 
 
-def check(capsys, files, flags, want, how):
+def check(capsys, files, flags, want, how, precision="fp32", shown="fp32"):
     """The printed line, and the --json numbers (the questions batched by 4 there), against
-    the recomputation."""
+    the recomputation; ``shown``: the precision the scoring line names."""
     scores, acc, acc_norm = want
-    r = run(capsys, files, *flags)
+    r = run(capsys, files, *flags, precision=precision)
     lines = r.out.strip().splitlines()
     m = LINE.match(lines[0])
     assert m and len(lines) == 2, r.out
@@ -107,8 +111,8 @@ def check(capsys, files, flags, want, how):
                           f"{np.mean(acc_norm):.4f}", f"{stderr(acc_norm):.4f}",
                           str(len(scores)), how)
     assert re.match(rf"scoring: {len(scores)} questions in [\d.]+ s, [\d.]+ questions/s "
-                    r"\(fp32 on cpu, batch 1\)$", lines[1]), lines[1]
-    j = json.loads(run(capsys, files, *flags, "--json", "--batch", "4").out)
+                    rf"\({shown} on cpu, batch 1\)$", lines[1]), lines[1]
+    j = json.loads(run(capsys, files, *flags, "--json", "--batch", "4", precision=precision).out)
     np.testing.assert_allclose([s for row in j["loglikelihoods"] for s in row],
                                [s for row in scores for s in row], rtol=1e-5, atol=1e-5)
     assert (j["acc"], j["acc_norm"]) == (pytest.approx(np.mean(acc)),
@@ -163,12 +167,21 @@ def test_an_hf_folder_of_the_same_weights_prints_the_same(capsys, files):
     assert theirs == ours and ours.endswith("(4 examples, 1-shot, seed 0)")
 
 
-def test_int4_weights_run(capsys, files):
-    r = cli(capsys, "evaluate", "choice", "--model", files["model"], "--data", files["data"],
-            "--int4", "--device", "cpu")
-    assert r.code == 0, r.err
-    assert LINE.match(r.out.splitlines()[0]) and RUNNING.match(r.err.strip())
-    assert "int4 weights, " in r.err and "(bf16 on cpu, batch 1)" in r.out
+def test_int4_weights_equal_the_recipe_on_the_4_bit_model(capsys, files, monkeypatch):
+    """``--int4``: the printed line and the --json numbers equal the recipe recomputed on
+    ``load(model, int4=True)``, whose log-likelihoods part from the float model's by more than
+    the comparison's tolerance (so an ``--int4`` that does nothing fails). The matrices around
+    the integer ones stay float32 (``ATTNLAB_NATIVE_BF16=0``, as on a CPU without native
+    bf16): in bf16, rounding moves a batch's scores by as much as 4-bit weights do here."""
+    from attnlab.cpu import kernels
+
+    kernels.available()  # built (or not) as for the rest of the session, before the override
+    monkeypatch.setenv("ATTNLAB_NATIVE_BF16", "0")
+    want = recomputed(files["model"], QUESTIONS, lambda i: [], int4=True)
+    full = recomputed(files["model"], QUESTIONS, lambda i: [])[0]
+    assert not np.allclose(np.concatenate(want[0]), np.concatenate(full), rtol=1e-5, atol=1e-5)
+    r = check(capsys, files, ["--int4"], want, "0-shot", precision="auto", shown="bf16")
+    assert RUNNING.match(r.err.strip()) and "int4 weights, float32 float matrices" in r.err
 
 
 def shortened(files, tmp_path, block: int):

@@ -218,3 +218,79 @@ def test_without_compile_nothing_is_compiled_and_with_it_the_text_is_the_same(ca
     assert r.code == 2 and "--compile compiles plain decoding" in r.err
     longer = cli(capsys, *run[:6], "12", *run[7:], "--compile")  # past the context: eager
     assert longer.code == 0 and "exceed the model's context of 16; decoding eagerly" in longer.err
+
+
+# --- --int4 and --draft-int4 against the library on the 4-bit model ---------------------------
+NEW = 30  # tokens: a one-character prompt and these fit char_lm's context of 64
+
+
+def prepared(folder, int4: bool, precision: str):
+    """``folder``'s model as ``generate`` prepares it on the CPU (``for_decoding``): float in
+    ``precision``, or ``load(folder, int4=True)``'s 4-bit weights (an int8 output layer)."""
+    from attnlab import load
+    from attnlab.cpu import for_decoding
+
+    return for_decoding(load(folder, int4=int4).model, "cpu", precision, integer=int4)
+
+
+def continued(tok, model, prompt: str, **sampling) -> str:
+    """``prompt`` and its ``NEW`` tokens from the library's ``generate`` on ``model``."""
+    from attnlab.generation.decode import generate
+
+    ids = generate(model, torch.tensor([tok.encode(prompt)]), NEW, **sampling)
+    return tok.decode(ids[0].tolist())
+
+
+def first_prompt(text: str, where, what: str) -> str:
+    """The first character of ``text`` (in the order they first appear) for which
+    ``where(prompt)`` holds: chosen the same way on every CPU, whatever weights its rounding
+    trained; none is a failure, never a skip."""
+    found = next((p for p in dict.fromkeys(text) if where(p)), None)
+    assert found is not None, f"no one-character prompt of {text!r} {what}"
+    return found
+
+
+def test_int4_prints_what_generate_gives_on_the_4_bit_model(capsys, char_lm):
+    """``--int4``: greedy and sampled text equal the library's ``generate`` on
+    ``load(run, int4=True)``, on a prompt whose greedy text the float model continues
+    otherwise (so an ``--int4`` that does nothing prints the float text and fails)."""
+    tok = char_lm.tokenizer
+    full, four = prepared(char_lm.folder, False, "fp32"), prepared(char_lm.folder, True, "bf16")
+    prompt = first_prompt(char_lm.text, lambda p: continued(tok, full, p) != continued(
+        tok, four, p), "has 4-bit greedy text other than the float model's")
+    flags = ["generate", "--model", char_lm.folder, "--prompt", prompt, "--max-new-tokens",
+             NEW, "--ignore-eos", "--device", "cpu", "--int4", "--quiet"]
+    r = cli(capsys, *flags)
+    assert r.code == 0, r.err
+    assert r.out == continued(tok, four, prompt) + "\n"
+    r = cli(capsys, *flags, "--temperature", "0.8", "--seed", "3")
+    assert r.code == 0, r.err
+    assert r.out == continued(tok, four, prompt, temperature=0.8,
+                              generator=torch.Generator().manual_seed(3)) + "\n"
+
+
+def test_draft_int4_drafts_with_the_4_bit_model(capsys, char_lm):
+    """``--draft RUN --draft-int4``: the float model's greedy text, and the counts of the
+    library's ``speculative_generate`` with ``load(RUN, int4=True)`` drafting, on a prompt
+    where that draft guesses wrong at least once (the float model drafting for itself guesses
+    right every time, so a ``--draft-int4`` that does nothing fails)."""
+    from attnlab.generation.speculative import speculative_generate
+
+    tok = char_lm.tokenizer
+    target, draft = (prepared(char_lm.folder, False, "fp32"),
+                     prepared(char_lm.folder, True, "fp32"))  # the draft as the target's run
+
+    def speculated(prompt):
+        return speculative_generate(target, draft, torch.tensor([tok.encode(prompt)]), NEW, 4)
+
+    prompt = first_prompt(char_lm.text, lambda p: (s := speculated(p)).accepted < s.drafted,
+                          "has a guess of the 4-bit draft rejected")
+    r = cli(capsys, "generate", "--model", char_lm.folder, "--prompt", prompt,
+            "--max-new-tokens", NEW, "--ignore-eos", "--device", "cpu", "--precision", "fp32",
+            "--draft", char_lm.folder, "--draft-int4")
+    assert r.code == 0, r.err
+    assert r.out == continued(tok, target, prompt) + "\n"
+    running, _, summary = r.err.splitlines()
+    assert running.endswith("(int4 weights) on cpu, fp32, "
+                            f"{torch.get_num_threads()} threads"), running
+    assert summary == speculated(prompt).summary()

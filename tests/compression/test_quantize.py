@@ -1,9 +1,10 @@
 """Post-training quantisation on a trained tiny model: its logits stay near float32, quantised
 folders round-trip through ``attnlab.load`` and ``attnlab quantize``, bad input is one line.
 
-The model is trained here to a stated criterion (a next-character loss below ``TRAINED``
-nats, checked; a cap of steps that fails the fixture if reached first), so that its weights
-have the structure quantisation meets in practice, unlike a random init.
+The model is the session's character LM (tests/conftest.py::char_lm), trained to a stated
+criterion (a held-out next-character loss below ``CHAR_LM_LOSS`` nats, checked; a cap of steps
+that fails the fixture if reached first), so that its weights have the structure quantisation
+meets in practice, unlike a random init.
 """
 
 import copy
@@ -19,43 +20,17 @@ from attnlab.nn.quantized import Int4Linear, Int8Linear, float_dtype
 from attnlab.storage import save_model_dir
 from attnlab.tokenizers import CharTokenizer
 from tests.cli.helpers import assert_bad_input, cli
+from tests.conftest import PANGRAMS as TEXT
 
-TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. "
-TRAINED = 0.6  # nats per character: the criterion training stops at
-CAP = 600  # steps
 # top-1 agreement with float32 on the held-out positions, the thresholds this test states
 AGREEMENT = {8: 0.99, 4: 0.9}
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """(folder, model, tokenizer, held-out ids) of a 2-layer char GPT trained on TEXT."""
-    tok = CharTokenizer.train([TEXT])
-    config = ModelConfig.from_preset("llama-mini", vocab_size=tok.vocab_size, d_model=64,
-                                     n_heads=4, num_kv_heads=2, d_ff=128, n_decoder_layers=2,
-                                     max_len=64, dropout=0.0)
-    torch.manual_seed(0)
-    model = build_model(config)
-    ids = torch.tensor(tok.encode(TEXT * 6))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(CAP):
-        starts = torch.randint(0, len(ids) - 33, (16,), generator=gen)
-        x = torch.stack([ids[s : s + 33] for s in starts])
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1),
-                                                 x[:, 1:].flatten())
-        if loss.item() < TRAINED:
-            break
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    else:
-        pytest.fail(f"training did not reach {TRAINED} nats in {CAP} steps")
-    model.eval()
-    folder = save_model_dir(tmp_path_factory.mktemp("q") / "run", model, config,
-                            {"text": tok.to_dict()})
-    held_out = torch.tensor([tok.encode(TEXT[k:] + TEXT[:k])[:48] for k in range(0, 80, 10)])
-    return folder, model, tok, held_out
+def trained(char_lm):
+    """(folder, model, tokenizer, held-out ids) of the session's trained 2-layer character
+    llama-mini (tests/conftest.py::char_lm)."""
+    return char_lm.folder, char_lm.model, char_lm.tokenizer, char_lm.held_out
 
 
 def logits(model, ids):

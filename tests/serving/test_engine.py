@@ -21,6 +21,7 @@ from attnlab.generation.compiled import CompiledStep
 from attnlab.generation.decode import generate
 from attnlab.generation.pipeline import TextStream
 from attnlab.serving.engine import Engine, Request
+from tests.sampling import constant_logits_model, reference_draws
 
 FAMILIES = {
     "gpt2": dict(preset="gpt-mini"),
@@ -144,14 +145,29 @@ def test_the_batch_never_holds_more_than_max_batch_rows_and_cancel_ends_a_row():
 
 
 def test_a_request_past_the_context_is_refused_and_stop_cancels_the_rest():
+    """Each step is slowed to 10 ms, so that the 60-token request is still in flight (its
+    first token out) when ``stop()`` comes: it ends ``"cancelled"``, short of 60 tokens."""
     model = _model("gpt2")
-    engine = Engine(model, max_batch=2).start()
+    engine = Engine(model, max_batch=2)
+    step = engine._step
+
+    def slowed():
+        time.sleep(0.01)
+        step()
+
+    engine._step = slowed
+    engine.start()
     with pytest.raises(BadInput, match="exceed the model's context of 64"):
         engine.submit(Request([1] * 60, 5, Collect()))
     slow = Collect()
     engine.submit(Request([1, 2], 60, slow))
+    waited = time.monotonic() + 30
+    while not slow.tokens:  # in flight
+        assert time.monotonic() < waited and not slow.done.is_set()
+        time.sleep(0.002)
     engine.stop(grace=0)
-    assert slow.done.wait(5) and slow.finish in ("cancelled", "length")
+    assert slow.done.wait(5) and slow.finish == "cancelled"
+    assert 1 <= len(slow.tokens) < 60
     with pytest.raises(BadInput, match="shutting down"):
         engine.submit(Request([1], 1, Collect()))
 
@@ -171,6 +187,29 @@ def test_sampled_rows_follow_their_own_seed_whatever_else_is_in_the_batch():
     finally:
         engine.stop()
     assert crowded.tokens == alone.tokens
+
+
+def test_sampled_requests_draw_what_the_reference_draws_from_the_models_logits():
+    """A model whose every step's logits are known: three sampled requests in one batch, each
+    with its own settings and seed, get the seeded draws of transformers' processors
+    (tests/sampling.py): the engine passes each row its temperature, top-k, top-p and
+    generator."""
+    z = torch.randn(40, generator=torch.Generator().manual_seed(5)) * 2
+    engine = Engine(constant_logits_model(z), max_batch=4).start()
+    settings = [dict(temperature=0.6), dict(temperature=1.8, top_k=7),
+                dict(temperature=0.9, top_k=20, top_p=0.8)]
+    runs = [Collect() for _ in settings]
+    try:
+        for seed, (setting, run) in enumerate(zip(settings, runs, strict=True)):
+            engine.submit(Request([4, 5, 6], 16, run, seed=seed, **setting))
+        for run in runs:
+            assert run.done.wait(30)
+    finally:
+        engine.stop()
+    for seed, (setting, run) in enumerate(zip(settings, runs, strict=True)):
+        want = reference_draws(z, [[4, 5, 6]], 16, torch.Generator().manual_seed(seed),
+                               **setting)
+        assert run.finish == "length" and run.tokens == want[0], setting
 
 
 def _byte_decoder(ids):
