@@ -1,4 +1,5 @@
 import gzip
+from itertools import islice
 
 import pytest
 
@@ -82,8 +83,32 @@ def test_iterator_position_restores_exactly():
         assert a.equal(c) and b.equal(d)
 
 
+def _rows(batch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """A padded translation batch's (source, target) rows, the padding (id 0) stripped."""
+    return [(tuple(t for t in s.tolist() if t), tuple(t for t in g.tolist() if t))
+            for s, g in zip(batch.src, batch.tgt, strict=True)]
+
+
 def test_shards_split_each_global_batch():
-    src = [[5] * 3 for _ in range(8)]
-    whole = next(iter(TranslationBatches(src, src, 12, seed=0)))[0]
-    parts = [next(iter(TranslationBatches(src, src, 12, seed=0).shard(r, 2)))[0] for r in (0, 1)]
-    assert whole.shape[0] == 4 and parts[0].shape[0] == parts[1].shape[0] == 2
+    """Data-parallel ranks train on the global batch between them: rank r of 2 gets rows of
+    each global batch that the other rank does not (a rank given the other's rows, or every
+    rank the same shard, trains on half the data twice), the two halves are the batch, each
+    row keeps its own target, and over an epoch every example is seen once. Every row is
+    distinct (its own tokens, three lengths), so a wrong row cannot pass for a right one."""
+    n = 20
+    src = [[i + 1] * (i % 3 + 1) for i in range(n)]
+    tgt = [[100 + i, i + 1] for i in range(n)]  # tied to its source row
+    examples = sorted(zip(map(tuple, src), map(tuple, tgt), strict=True))
+
+    def stream():
+        return TranslationBatches(src, tgt, max_tokens=12, seed=0)
+
+    per_epoch = len(stream().batches)
+    assert per_epoch > 1 and all(len(b) % 2 == 0 for b in stream().batches)  # even halves
+    whole = [_rows(b) for b in islice(stream(), per_epoch)]
+    ranks = [[_rows(b) for b in islice(stream().shard(r, 2), per_epoch)] for r in (0, 1)]
+    for batch, mine, theirs in zip(whole, *ranks, strict=True):
+        assert len(mine) == len(theirs) == len(batch) // 2
+        assert not set(mine) & set(theirs)
+        assert sorted(mine + theirs) == sorted(batch)
+    assert sorted(row for part in ranks for rows in part for row in rows) == examples

@@ -23,7 +23,7 @@ from attnlab.errors import AttnlabError
 
 EXAMPLES = int(os.environ.get("ATTNLAB_FUZZ_EXAMPLES", "25"))
 HANG_SECONDS = 20
-MEMORY_BOUND = 2**30  # bytes of peak-RSS growth allowed over one test function
+MEMORY_BOUND = 2**30  # bytes of peak-RSS growth allowed in one example (one read)
 
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -36,34 +36,61 @@ TINY_GPT = dict(vocab_size=40, d_model=32, n_heads=2, d_ff=64, n_decoder_layers=
 
 
 # --- the property ------------------------------------------------------------------------------
-def _peak_rss() -> int:
-    """The process's peak resident memory in bytes (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+def _status_kib(field: str) -> int:
+    """A ``/proc/self/status`` field, in KiB (``VmRSS``: resident now, ``VmHWM``: its peak)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"/proc/self/status has no {field}")
+
+
+@contextlib.contextmanager
+def bounded_memory(what: str, bound: int = MEMORY_BOUND):
+    """Fail unless the block's peak resident memory stays within ``bound`` of what the
+    process held when it began. On Linux the peak (``VmHWM``) is reset to the current RSS
+    first (``/proc/self/clear_refs``), so the bound holds in a process that reached gigabytes
+    earlier (``make test``, after the training tests), and it sees a buffer that was freed
+    before the reader returned. Elsewhere only the process-wide ``ru_maxrss`` exists: growth
+    above the highest peak so far, weaker after big tests."""
+    if sys.platform.startswith("linux"):
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # VmHWM := VmRSS (Documentation/filesystems/proc.rst)
+        before = _status_kib("VmRSS") * 1024
+        yield
+        grown = _status_kib("VmHWM") * 1024 - before
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # macOS: bytes
+        yield
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+    assert grown < bound, (f"{what}: peak memory grew by {grown / 2**20:,.0f} MiB "
+                           f"(bound {bound / 2**20:,.0f} MiB)")
 
 
 def holds(read, *args):
     """``read(*args)``, where an AttnlabError is a fine answer and any other exception fails the
     test; an alarm after HANG_SECONDS fails it too (even if the reader catches the alarm's
-    AssertionError and turns it into an AttnlabError)."""
+    AssertionError and turns it into an AttnlabError), and so does a peak resident memory
+    more than ``MEMORY_BOUND`` above what the process held before (:func:`bounded_memory`)."""
     fired = []
+    name = getattr(read, "__qualname__", read)
 
     def on_alarm(signum, frame):
         fired.append(signum)
-        raise AssertionError(f"{getattr(read, '__qualname__', read)} still running after "
-                             f"{HANG_SECONDS} s")
+        raise AssertionError(f"{name} still running after {HANG_SECONDS} s")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(HANG_SECONDS)
     try:
-        try:
-            result = read(*args)
-        except AttnlabError as e:
-            result = e
+        with bounded_memory(str(name)):
+            try:
+                result = read(*args)
+            except AttnlabError as e:
+                result = e
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    assert not fired, f"{getattr(read, '__qualname__', read)} hung (> {HANG_SECONDS} s)"
+    assert not fired, f"{name} hung (> {HANG_SECONDS} s)"
     return result
 
 

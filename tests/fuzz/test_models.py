@@ -175,3 +175,20 @@ def test_known_damaged_gguf_metadata_is_refused(valid_gguf, key, entry):
     with scratch() as d:
         write_tiny_gguf(d / "m.gguf", {key: entry})
         assert isinstance(holds(load_gguf, d / "m.gguf"), AttnlabError)
+
+
+def test_a_huge_claimed_array_length_is_refused_before_allocating(valid_gguf):
+    """A few-KB GGUF file whose token array claims 2**28 strings: refused from the bytes left,
+    before anything is allocated for them. A reader that sized a list (2 GiB of slots) or a
+    buffer by the claim first would still end in the same BadInput, so only ``holds``'s
+    memory bound, measured around this one read, sees it."""
+    from attnlab.interop.gguf import load_gguf
+
+    blob = bytearray(valid_gguf["tiny.gguf"])
+    key = b"tokenizer.ggml.tokens"
+    count_at = blob.index(len(key).to_bytes(8, "little") + key) + 8 + len(key) + 8  # types
+    assert int.from_bytes(blob[count_at:count_at + 8], "little") == len(GGUF_TOKENS)
+    blob[count_at:count_at + 8] = (2**28).to_bytes(8, "little")
+    with scratch() as d:
+        assert isinstance(holds(load_gguf, put(d, {"m.gguf": bytes(blob)}) / "m.gguf"),
+                          AttnlabError)

@@ -13,6 +13,7 @@ from attnlab.data.images import ImageBatches, ImageSet
 from attnlab.data.stream import ImageBatch
 from attnlab.errors import BadInput
 from attnlab.models import ViT
+from attnlab.storage import load_state
 from attnlab.training import trainer as trainer_module
 from attnlab.training.objectives import CausalLM, ImageClassify, classification_metrics
 from attnlab.training.trainer import TrainConfig, Trainer
@@ -28,11 +29,19 @@ def random_set(n: int = 16) -> ImageSet:
     return ImageSet(torch.rand(n, 1, 4, 4, generator=g), torch.randint(0, 10, (n,), generator=g))
 
 
-def scripted_trainer(tmp_path, monkeypatch, losses, accuracies, task=None, val=True, **fields):
+def scripted_trainer(tmp_path, monkeypatch, losses, accuracies, task=None, val=True,
+                     validated=None, **fields):
     """A Trainer validating every 2 steps, whose passes give ``losses`` and ``accuracies``
-    in turn; its log lines go to the returned list."""
+    in turn; its log lines go to the returned list. With ``validated`` (a list), each pass
+    appends a copy of the weights it validated."""
     losses, accuracies = iter(losses), iter(accuracies)
-    monkeypatch.setattr(trainer_module, "evaluate", lambda *args, **kwargs: next(losses))
+
+    def evaluate(model, *args, **kwargs):
+        if validated is not None:
+            validated.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return next(losses)
+
+    monkeypatch.setattr(trainer_module, "evaluate", evaluate)
     monkeypatch.setattr(trainer_module, "classification_metrics",
                         lambda *args, **kwargs: {"accuracy": next(accuracies)})
     config, data = tiny_config(), random_set()
@@ -64,6 +73,32 @@ def test_training_stops_at_the_first_pass_reaching_the_accuracy_and_keeps_that_m
     assert (run / "checkpoints" / "step-00000006").is_dir()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["val_accuracy"] == 0.9
+
+
+def test_early_stopping_stops_after_patience_passes_and_keeps_the_best_step(tmp_path,
+                                                                          monkeypatch):
+    """Validation losses 1.0, 0.8, 0.85, 0.9 at steps 2, 4, 6, 8 with patience 2: the best is
+    step 4's, and the second pass without a better loss (step 8) ends training, 12 steps
+    before ``steps``. ``best/`` holds step 4's weights, the model that pass validated, not
+    the last step's: a trainer that never stops, or that keeps the last model, fails here."""
+    validated: list[dict[str, torch.Tensor]] = []
+    never_reached = [0.95] * 6  # steps 10-20: what a trainer that does not stop would see
+    trainer, logs = scripted_trainer(tmp_path, monkeypatch,
+                                     losses=[1.0, 0.8, 0.85, 0.9, *never_reached],
+                                     accuracies=[0.5] * 10, patience=2, validated=validated)
+    history = trainer.fit()
+    assert [r["step"] for r in history if "val_loss" in r] == [2, 4, 6, 8]
+    assert history[-1]["step"] == trainer.step == 8 < trainer.cfg.steps
+    assert logs[-1] == "step 8: val loss 0.9000 (best 0.8000), accuracy 0.5000"
+    best = tmp_path / "run" / "best"
+    assert json.loads((best / "step.json").read_text()) == {"step": 4}
+    kept = load_state(best / "model.safetensors")
+    step4, step8 = validated[1], validated[3]
+    assert kept.keys() == step4.keys()
+    assert all(torch.equal(kept[k], step4[k]) for k in kept)
+    assert any(not torch.equal(step4[k], step8[k]) for k in step4)  # training moved on
+    # the stop was saved: a resumed run continues from step 8, not from a stale checkpoint
+    assert (tmp_path / "run" / "checkpoints" / "step-00000008").is_dir()
 
 
 def test_without_a_target_the_accuracy_is_reported_and_training_goes_on(tmp_path,
