@@ -49,7 +49,8 @@ random examples on each run; by default the examples are the same on every run.
 
 from __future__ import annotations
 
-import numpy as np
+import mmap
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -73,12 +74,21 @@ def test_the_memory_bound_sees_a_freed_buffer_after_a_higher_earlier_peak():
     peak gigabytes high, and for a buffer the reader frees before it returns (then gone from
     the current RSS). A bound on the process-wide peak (``ru_maxrss``) fails here."""
     mib = 2**20
-    np.ones(96 * mib // 8).sum()  # an earlier, higher peak, freed
+    _touch(96 * mib)  # an earlier, higher peak, freed
     with pytest.raises(AssertionError, match="a 64 MiB buffer: peak memory grew by"):
         with bounded_memory("a 64 MiB buffer", bound=32 * mib):
-            np.ones(64 * mib // 8).sum()  # every page written, freed at once
+            _touch(64 * mib)
     with bounded_memory("a 4 MiB buffer", bound=32 * mib):
-        np.ones(4 * mib // 8).sum()
+        _touch(4 * mib)
+
+
+def _touch(size: int) -> None:
+    """Hold ``size`` bytes of fresh pages, every page written, then give them back. An
+    anonymous map gets new pages from the kernel; a malloc'd buffer may reuse memory the
+    process still holds from earlier tests, which adds nothing to its resident size."""
+    with mmap.mmap(-1, size) as pages:
+        for at in range(0, size, mmap.PAGESIZE):
+            pages[at] = 1
 
 
 # --- 1. config.json ----------------------------------------------------------------------------
