@@ -119,23 +119,35 @@ def _apply(name: str, fn: Patch, value: Tensor) -> Tensor | None:
     return new
 
 
+def _apply_all(name: str, fns: list[Patch], value: Tensor) -> Tensor | None:
+    """The patches of one stage applied in turn (several patterns may name it); None when
+    none of them replaced the value."""
+    changed = None
+    for fn in fns:
+        new = _apply(name, fn, value if changed is None else changed)
+        if new is not None:
+            changed = new
+    return changed
+
+
 def _hook(module: nn.Module, pre: bool, attention: nn.Module | None,
-          named: list[tuple[str, Patch]]):
-    """One hook for ``module``: its n-th call in a pass is ``named[n % len(named)]`` (a shared
-    layer runs once per position of its stack)."""
+          named: list[tuple[str, list[Patch]]]):
+    """One hook for ``module``: its n-th call in a pass is stage ``named[n % len(named)]``
+    (a shared layer runs once per position of its stack, each under its own name), whose
+    patches are applied in turn."""
     calls = [0]
 
-    def pick() -> tuple[str, Patch]:
-        name, fn = named[calls[0] % len(named)]
+    def pick() -> tuple[str, list[Patch]]:
+        name, fns = named[calls[0] % len(named)]
         calls[0] += 1
-        return name, fn
+        return name, fns
 
     if pre:
         def before(mod, args):
-            name, fn = pick()
+            name, fns = pick()
             x = args[0]
             value = x if attention is None else _as_heads(x, attention)
-            new = _apply(name, fn, value)
+            new = _apply_all(name, fns, value)
             if new is None:
                 return None
             return (new if attention is None else new.flatten(-2), *args[1:])
@@ -143,9 +155,9 @@ def _hook(module: nn.Module, pre: bool, attention: nn.Module | None,
         return module.register_forward_pre_hook(before)
 
     def after(mod, args, out):
-        name, fn = pick()
+        name, fns = pick()
         value = out[0] if isinstance(out, tuple) else out  # attention: (output, weights)
-        new = _apply(name, fn, value)
+        new = _apply_all(name, fns, value)
         if new is None:
             return None
         return (new, *out[1:]) if isinstance(out, tuple) else new
@@ -159,13 +171,19 @@ def patched(model: nn.Module, patches: dict[str, Patch]) -> Iterator[None]:
     each stage ``name`` of ``patches`` (``{name: fn}``; names as in the module docstring, or
     shell-style patterns). ``fn`` receives the stage's value (batch first) and returns a
     tensor of the same shape; returning its argument itself changes nothing (a recorder)."""
-    by_module: dict[tuple[int, bool], list] = {}
+    fns: dict[str, list[Patch]] = {}  # a stage's patches, in the order the patterns come
     for pattern, fn in patches.items():
         for p in _select(model, [pattern]):
-            entry = by_module.setdefault((id(p.module), p.pre), [p.module, p.attention, []])
-            entry[2].append((p.name, fn))
+            fns.setdefault(p.name, []).append(fn)
+    # every name of a patched module, in the order its calls come (a shared layer has several)
+    by_module: dict[tuple[int, bool], list] = {}
+    for p in points(model):
+        key = (id(p.module), p.pre)
+        by_module.setdefault(key, [p.module, p.attention, []])[2].append(
+            (p.name, fns.get(p.name, [])))
     handles = [_hook(module, pre, attention, named)
-               for (_, pre), (module, attention, named) in by_module.items()]
+               for (_, pre), (module, attention, named) in by_module.items()
+               if any(stage_fns for _, stage_fns in named)]
     try:
         yield
     finally:

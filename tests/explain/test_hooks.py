@@ -123,6 +123,35 @@ def test_shared_layers_are_named_in_turn():
     assert torch.equal(run["encoder.0.out"], run["encoder.1.in"])
 
 
+def test_overlapping_patterns_all_apply_on_every_pass():
+    """Two patterns naming one stage both apply, in order, on each pass inside the block (not
+    one on the first pass and the other on the next)."""
+    torch.manual_seed(0)
+    model, ids = gpt2(), inputs("gpt2", None)[0]
+    double = {"blocks.1.out": lambda h: h * 2, "blocks.*.out": lambda h: h + 1}
+    with torch.no_grad():
+        plain = trace(model, ids)
+        with patched(model, double):
+            first, second = model(ids), model(ids)
+        expected = model.lm_head(model.blocks.norm(plain["blocks.1.out"] * 2 + 1))
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, expected, rtol=0, atol=1e-5)
+
+
+def test_a_shared_layer_patched_at_one_position_is_patched_there_only():
+    """ALBERT runs one layer at every position: a patch of ``encoder.0.out`` changes the first
+    call alone. The second layer reads the patched value, and its own output is its post-LN
+    norm's (each row's mean 0 with the initial γ = 1, β = 0), not patched as well (mean 1)."""
+    torch.manual_seed(0)
+    model = albert()
+    ids = inputs("albert", model)[0]
+    plain = trace(model, ids)
+    with torch.no_grad(), patched(model, {"encoder.0.out": lambda h: h + 1}):
+        seen = trace(model, ids)
+    torch.testing.assert_close(seen["encoder.1.in"], plain["encoder.0.out"] + 1)
+    assert seen["encoder.1.out"].mean(-1).abs().max() < 1e-4
+
+
 def test_a_patch_changes_the_model_as_the_same_change_by_hand():
     """Zeroing head 1 of layer 0 through ``patched`` equals zeroing W_O's columns of that head
     in a copy of the weights."""
