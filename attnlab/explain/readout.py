@@ -86,7 +86,7 @@ def readout(model: nn.Module) -> Readout:
         return Readout(norm, mlm, mlm.weight, True,
                        _norm_words(norm) + [
                            f"transform: LayerNorm({type(mlm.act).__name__}(W_t · h + b_t))",
-                           f"Eᵀ {_shape(mlm.weight)} + b (tied: the input embedding)"],
+                           f"· Eᵀ + b, E {_shape(mlm.weight)} (tied: the input embedding)"],
                        "vocabulary")
     if isinstance(model, ViT):
         if model.classifier is None:
@@ -99,7 +99,9 @@ def readout(model: nn.Module) -> Readout:
 
 
 def _shape(weight: Tensor) -> str:
-    return f"({weight.shape[1]} × {weight.shape[0]})"
+    """A weight's shape as it is stored and multiplied, ``h · Wᵀ``: (out × in), e.g. W_U is
+    (vocabulary × d_model), the shape of E it may be tied to."""
+    return f"({weight.shape[0]} × {weight.shape[1]})"
 
 
 __all__ = ["Readout", "readout"]
