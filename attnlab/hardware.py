@@ -370,6 +370,14 @@ def grad_scaler(device: torch.device, precision: str):
     return torch.amp.GradScaler(device.type, init_scale=2.0**15)
 
 
+def weights_on(model: torch.nn.Module) -> tuple[torch.device, str]:
+    """``(device, precision name)`` of ``model``'s weights: where and in what its forward pass
+    runs when no autocast is applied."""
+    weight = next(model.parameters())
+    names = {dtype: name for name, dtype in DTYPES.items()}
+    return weight.device, names.get(weight.dtype, str(weight.dtype))
+
+
 def describe(device_name: str = "auto") -> list[str]:
     """What was detected, for ``attnlab info --hardware`` and the benchmarks' headers; the last
     line is ``auto precision: <choice>``."""

@@ -33,6 +33,9 @@ def cmd_explain(args: argparse.Namespace) -> None:
     if args.examples or args.example:
         _explain_examples(args)
         return
+    if args.serve:
+        _serve(args)
+        return
     if args.backward:
         given = [name for name, value in (("sentence", args.sentence), ("--model", args.model),
                                           ("--image", args.image), ("--compare", args.compare),
@@ -79,6 +82,48 @@ def cmd_explain(args: argparse.Namespace) -> None:
         print(f"\nHTML page: {page}")
     if not all(c.ok for c in w.checks):
         raise CheckFailed("a check failed (see above)")
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """``--serve``: the live page (attnlab/explain/live/) for ``--model`` on
+    ``--host:--port``, showing the sentence (and ``--target``, or ``--image``) first; the page
+    does the rest, so the other modes' flags are refused."""
+    given = [name for name, value in (
+        ("--html", args.html), ("--compare", args.compare), ("--steps", args.steps),
+        ("--backward", args.backward), *((flag, True) for flag in _probes(args))) if value]
+    if given:
+        raise UsageError(f"--serve runs the page, which does what {', '.join(given)} would: "
+                         "drop them")
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    api_key = args.api_key or os.environ.get("ATTNLAB_API_KEY") or None
+    from attnlab.cli.http import graceful_server, listen, loopback
+
+    if api_key is None and not loopback(args.host):
+        raise UsageError(f"--host {args.host} lets other machines in: give --api-key (the page "
+                         "asks for it once)")
+    try:
+        import uvicorn
+
+        from attnlab.explain.live.app import create_app
+    except ImportError as e:
+        raise UsageError(f"explain --serve needs {e.name}: pip install 'attnlab[serve]'") from None
+    from attnlab.errors import BadInput
+    from attnlab.explain.live.session import Session
+
+    sock = listen(args.host, args.port)  # before loading: a busy port fails fast
+    try:
+        session = Session(args.model, args.seed, args.max_tokens, args.image, args.sentence,
+                          args.target)
+    except BadInput as e:
+        raise UsageError(str(e)) from None
+    announce(args, session.source, session.device, session.precision)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"attnlab explain: open http://{shown}:{port}/ in a browser (Ctrl-C stops)",
+          flush=True)
+    config = uvicorn.Config(create_app(session, api_key), log_level="warning", access_log=False)
+    graceful_server(config).run(sockets=[sock])
 
 
 def _choice(args: argparse.Namespace):
@@ -249,11 +294,9 @@ def encoder_for(args: argparse.Namespace, sentences: list[str]) -> SubjectModel:
 def runs_on(model) -> tuple[torch.device, str]:
     """``(device, precision)`` the model's weights are on and in: what its forward pass uses
     (these commands use no autocast)."""
-    from attnlab.hardware import DTYPES
+    from attnlab.hardware import weights_on
 
-    weight = next(model.parameters())
-    names = {dtype: name for name, dtype in DTYPES.items()}
-    return weight.device, names.get(weight.dtype, str(weight.dtype))
+    return weights_on(model)
 
 
 def check_can_write(path: str | Path, flag: str) -> None:
@@ -337,6 +380,18 @@ def add_commands(sub) -> None:
                     help="recompute one worked example from the inputs its course text states, "
                          "every intermediate shown, where the text's printed values differ and "
                          "why, and checks against torch (no sentence, no model)")
+    ex.add_argument("--serve", action="store_true",
+                    help="a live page in the browser: type a sentence, move the temperature, "
+                         "pick a layer and head, switch a head off (with --image: a ViT and "
+                         "its digit)")
+    ex.add_argument("--host", default="127.0.0.1",
+                    help="--serve: the address to listen on (another than this machine's "
+                         "needs --api-key)")
+    ex.add_argument("--port", type=int, default=8000, help="--serve: the port (0: any free one)")
+    ex.add_argument("--max-tokens", type=int, default=128,
+                    help="--serve: the most tokens a sentence may have")
+    ex.add_argument("--api-key", help="--serve: require it on every request (default: "
+                                      "$ATTNLAB_API_KEY, else none)")
     ex.add_argument("--seed", type=int, default=0, help="seed of the tiny model (or vit-tiny)")
     add_quiet_arg(ex)
     ex.set_defaults(func=cmd_explain)

@@ -10,10 +10,8 @@ On SIGTERM or Ctrl-C it stops accepting connections, gives the requests in fligh
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -27,6 +25,7 @@ from attnlab.cli.common import (
     announce,
     decoding_options,
 )
+from attnlab.cli.http import graceful_server, listen, loopback
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -42,14 +41,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
         from attnlab.serving.app import create_app
     except ImportError as e:
         raise UsageError(f"attnlab serve needs {e.name}: pip install 'attnlab[serve]'") from None
-    sock = _listen(args.host, args.port)  # before loading: a busy port fails fast
+    sock = listen(args.host, args.port)  # before loading: a busy port fails fast
     started = time.perf_counter()
     service = build_service(args)
     say = (lambda line: None) if args.quiet else (
         lambda line: print(f"attnlab serve: {line}", file=sys.stderr, flush=True))
     service.log = say
     api_key = args.api_key or os.environ.get("ATTNLAB_API_KEY") or None
-    if api_key is None and not _loopback(args.host):
+    if api_key is None and not loopback(args.host):
         print(f"attnlab serve: warning: listening on {args.host} without --api-key: anyone who "
               "can reach this port can use the model", file=sys.stderr)
     host, port = sock.getsockname()[:2]
@@ -57,27 +56,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
         f"listening on http://{host}:{port}/v1")
     config = uvicorn.Config(create_app(service, api_key), log_level="warning",
                             timeout_graceful_shutdown=args.shutdown_grace, access_log=False)
-    server = _graceful_server(config)
+    server = graceful_server(config)
     server.run(sockets=[sock])
     if server.stopped_by is not None:
         say(f"stopped by {signal.Signals(server.stopped_by).name}")
-
-
-def _graceful_server(config):
-    """uvicorn's server, except that a SIGTERM or SIGINT it shut down gracefully for ends the
-    process with code 0 (uvicorn raises the signal again after shutting down, which makes a
-    clean stop look like a kill to a supervisor); ``stopped_by`` names the signal."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        stopped_by: int | None = None
-
-        def handle_exit(self, sig, frame) -> None:
-            super().handle_exit(sig, frame)
-            self.stopped_by = sig
-            self._captured_signals.clear()
-
-    return Server(config)
 
 
 def build_service(args: argparse.Namespace):
@@ -138,30 +120,6 @@ def build_service(args: argparse.Namespace):
         return Service(context=loaded.max_len, encoder=encoder, **common)
     raise UsageError(f"{loaded.path}: arch={loaded.kind!r}; attnlab serve runs decoder-only "
                      "models (completions, chat) and encoders (embeddings)")
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (port 0: any free one), or a one-line error."""
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be in [0, 65535], got {port}")
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError as e:
-        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    return sock
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def add_commands(sub) -> None:

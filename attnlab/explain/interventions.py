@@ -114,7 +114,10 @@ def ablate(probe: Probe, heads: list[HeadRef]) -> Ablation:
     with patched(probe.model, zero_heads(heads)):
         after = probe.forward()
     check, note = pruned_check(probe, heads, after)
-    return Ablation(heads, before, after, int(before[-1].argmax()), check, note)
+    from attnlab.explain.output import usable
+
+    chosen = int(usable(before[-1], probe.model).argmax())  # never an encoder–decoder's <pad>
+    return Ablation(heads, before, after, chosen, check, note)
 
 
 def attention_path(model: nn.Module, ref: HeadRef) -> str:
@@ -222,8 +225,11 @@ def patch_from(main: Probe, other: Probe) -> Patching:
     stages = attentions(main.model)
     theirs = trace(other.model, stages=[f"{s}.{i}.{a}.heads" for s, i, a in stages],
                    forward=other.forward)
-    base = main.forward()[-1]
-    a, ranked = int(base.argmax()), theirs.output[-1].topk(2).indices.tolist()
+    from attnlab.explain.output import usable
+
+    base = main.forward()[-1]  # the tokens are ranked as the output stage ranks them
+    a = int(usable(base, main.model).argmax())
+    ranked = usable(theirs.output[-1], main.model).topk(2).indices.tolist()
     same_top = ranked[0] == a  # then the contrast is with the other run's runner-up
     b = ranked[1] if same_top else ranked[0]
     d_main = float(base[b] - base[a])
@@ -245,20 +251,33 @@ def patch_from(main: Probe, other: Probe) -> Patching:
 
 
 # --- text ------------------------------------------------------------------------------------
-def format_ablation(probe: Probe, ablation: Ablation, k: int = 5) -> str:
-    text = lambda i: label(probe.token_text(int(i)))  # noqa: E731
-    p0, p1 = ablation.before[-1].float().softmax(-1), ablation.after[-1].float().softmax(-1)
+def ablation_table(probe: Probe, ablation: Ablation, k: int = 5) -> dict:
+    """The numbers ``--ablate`` prints: p(the chosen token) before and after, and the top
+    ``k`` tokens before and after, over the scores a token may be chosen from
+    (:func:`~attnlab.explain.output.usable`: an encoder–decoder never outputs padding)."""
+    from attnlab.explain.output import usable
+
+    p0, p1 = (usable(s[-1].float(), probe.model).softmax(-1)
+              for s in (ablation.before, ablation.after))
     c = ablation.chosen
-    where = label(probe.tokens[probe.last])
+    t0, t1 = p0.topk(min(k, len(p0))), p1.topk(min(k, len(p1)))
+    return {"where": probe.tokens[probe.last], "chosen": probe.token_text(c),
+            "p_before": float(p0[c]), "p_after": float(p1[c]),
+            "before": [[probe.token_text(int(i)), float(p)] for p, i in zip(*t0, strict=True)],
+            "after": [[probe.token_text(int(i)), float(p)] for p, i in zip(*t1, strict=True)]}
+
+
+def format_ablation(probe: Probe, ablation: Ablation, k: int = 5) -> str:
+    t = ablation_table(probe, ablation, k)
+    p0, p1 = t["p_before"], t["p_after"]
     lines = [f"ablated: head{'s' if len(ablation.heads) > 1 else ''} "
              f"{', '.join(h.text for h in ablation.heads)} (output before W_O set to zero)",
-             f"the chosen token at the last position ({where}): {text(c)}   "
-             f"p = {float(p0[c]):.4f} → {float(p1[c]):.4f} ({float(p1[c] - p0[c]):+.4f})",
+             f"the chosen token at the last position ({label(t['where'])}): "
+             f"{label(t['chosen'])}   p = {p0:.4f} → {p1:.4f} ({p1 - p0:+.4f})",
              f"  {'':>3} {'before':<24} after"]
-    t0, t1 = p0.topk(min(k, len(p0))), p1.topk(min(k, len(p1)))
-    for r in range(len(t0.indices)):
-        left = f"{text(t0.indices[r])} {float(t0.values[r]):.4f}"
-        lines.append(f"  {r + 1:>3} {left:<24} {text(t1.indices[r])} {float(t1.values[r]):.4f}")
+    for r, ((a, pa), (b, pb)) in enumerate(zip(t["before"], t["after"], strict=True)):
+        left = f"{label(a)} {pa:.4f}"
+        lines.append(f"  {r + 1:>3} {left:<24} {label(b)} {pb:.4f}")
     if ablation.check is not None:
         ch = ablation.check
         lines.append(f"check  {ch.name}: max |Δ logits| = {ch.error:.2e} (tol {ch.tol:.0e}) "
@@ -328,6 +347,6 @@ def probe_report(probe: Probe, lens: bool = False, heads: list[HeadRef] | None =
 
 
 __all__ = ["Ablation", "EachAblated", "HeadRef", "Patching", "ablate", "ablate_each",
-           "attentions", "check_same_length", "format_ablation",
+           "ablation_table", "attentions", "check_same_length", "format_ablation",
            "format_patching", "identity_check", "parse_heads", "patch_from", "probe_report",
            "pruned_check", "zero_heads"]

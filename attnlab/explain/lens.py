@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from attnlab.explain.hooks import ATTENTIONS, stacks, trace
+from attnlab.explain.output import usable
 from attnlab.explain.probe import Probe
 from attnlab.explain.readout import readout
 from attnlab.explain.tables import kept, label
@@ -62,15 +63,18 @@ def logit_lens(probe: Probe, k: int = 5) -> Lens:
     with torch.no_grad():  # a layer at a time, (1, seq, d) as the model's own head reads it
         logits = torch.stack([read(h[None])[0, probe.read] for h in states]).float()
     own = run.output.float()  # (read, vocab)
+    error = float((logits[-1] - own).abs().max())
+    scale = max(1.0, float(own.abs().max()))
+    # read over the scores a token may be chosen from (an encoder–decoder never outputs <pad>)
+    logits, own = usable(logits, probe.model), usable(own, probe.model)
     probs = logits.softmax(-1)
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)
     final = own.argmax(-1)
     n = states.shape[0] - 1
-    error = float((logits[-1] - own).abs().max())
     return Lens(probe, ["emb"] + [str(i) for i in range(n)], top.indices, top.values, final,
                 probs.gather(-1, final.expand(n + 1, -1)[..., None])[..., 0], read.parts,
                 Check("the last layer's lens = the model's own logits", error,
-                      TOL * max(1.0, float(own.abs().max()))))
+                      TOL * scale))
 
 
 @dataclass

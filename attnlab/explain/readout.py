@@ -85,7 +85,7 @@ def readout(model: nn.Module) -> Readout:
         mlm = model.mlm
         return Readout(norm, mlm, mlm.weight, True,
                        _norm_words(norm) + [
-                           f"transform: LayerNorm({type(mlm.act).__name__}(W_t · h + b_t))",
+                           f"transform: LayerNorm({model.config.activation}(W_t · h + b_t))",
                            f"· Eᵀ + b, E {_shape(mlm.weight)} (tied: the input embedding)"],
                        "vocabulary")
     if isinstance(model, ViT):

@@ -36,7 +36,9 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        # a stable sort: tied logits keep their order (the lower id first), so which of them
+        # the nucleus's edge cuts is defined (the live page filters with the same rule)
+        sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         probs = sorted_logits.softmax(-1)
         # drop a token when the mass of the tokens before it already reaches top_p
         drop = probs.cumsum(-1) - probs >= top_p
