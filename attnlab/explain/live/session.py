@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import secrets
 import math
 import tempfile
 from collections import OrderedDict
@@ -310,6 +311,8 @@ class Session:
         if self.vision:
             raise BadInput("an image has no next token: the model predicts its class")
         self.subject(ask)  # the same checks as a run
+        if seed is None and temperature > 0:  # a fresh seed, reported so the draw can be repeated
+            seed = secrets.randbits(31)
         try:
             choice = Choice(temperature, top_k, top_p, seed)
         except BadInput as e:
