@@ -226,6 +226,9 @@ def not_run(argv: list[str]) -> str | None:
     for start, why in NOT_RUN.items():
         if tuple(argv[:len(start)]) == start:
             return why
+    if argv[:1] == ["explain"] and "--serve" in argv:
+        return ("it serves the live page until stopped (tests/explain/live/test_page.py drives "
+                "it in a browser)")
     return None
 
 

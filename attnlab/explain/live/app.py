@@ -1,7 +1,7 @@
 """The live explainer's web app (FastAPI): the page, its script and style from the package, and
 the JSON API the page calls (``session.py`` does the model's work).
 
-    GET  /                      the page          GET /static/live.js, /static/live.css
+    GET  /                      the page          GET /static/NAME: its scripts and style
     GET  /api/info              the model: its kind, device, precision, limits, an example
     POST /api/run               a run: tokens, attention, stages and checks, the output logits,
                                 heads switched off (``ablate``), patching (``patch_from``)
@@ -36,7 +36,8 @@ from attnlab.errors import BadInput
 from attnlab.explain.live.session import Ask, Session, TooLong
 
 STATIC = Path(__file__).parent / "static"
-FILES = {"live.js": "text/javascript", "live.css": "text/css"}
+FILES = {"helpers.js": "text/javascript", "attention.js": "text/javascript",
+         "output.js": "text/javascript", "live.js": "text/javascript", "live.css": "text/css"}
 MAX_BODY = 1 << 20  # bytes: a drawn image is a few hundred numbers, a sentence a few hundred
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import base64
 import itertools
-import secrets
 import math
+import secrets
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
