@@ -30,12 +30,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SENTENCES = [  # about 20 tokens each for SmolLM2's tokenizer
-    "The old lighthouse keeper climbed the stairs every night to light the lamp for ships",
-    "When the rain finally stopped, the children ran outside to jump in every puddle they saw",
-    "A transformer reads all of its input at once and lets every token look at every other",
-    "She opened the letter slowly, afraid of what the words inside might say about her brother",
-    "In the middle of the forest there was a small lake where the deer came to drink water",
+SENTENCES = [  # 20 tokens each for SmolLM2's tokenizer
+    "The old lighthouse keeper climbed the narrow stairs every single night to light the big"
+    " lamp for the ships",
+    "When the rain finally stopped, the children ran outside to jump in every puddle they saw"
+    " out there",
+    "A transformer reads all of its input at once and lets every token look at every other one"
+    " of them",
+    "She opened the letter slowly, afraid of what the words inside might say about her brother"
+    " Tom again",
+    "In the middle of the old forest there was a small lake where the deer came to drink cold"
+    " water",
 ]
 
 
@@ -80,7 +85,7 @@ def wait_ready(driver, after: str | None = None, timeout: float = 120) -> None:
         if body.get_attribute("data-state") == "ready" and (
                 after is None or body.get_attribute("data-run") != after):
             return
-        time.sleep(0.01)
+        time.sleep(0.2)  # polling the browser takes CPU from the server; the page times itself
     raise SystemExit("the page did not become ready")
 
 
@@ -97,6 +102,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--screenshot", help="save the page, as it looks at the end, to this PNG")
     p.add_argument("--size", default="1280x1500", help="the browser window, WIDTHxHEIGHT")
+    p.add_argument("--full", action="store_true", help="--screenshot the whole page")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
     from attnlab.hardware import report
@@ -139,6 +145,10 @@ def main() -> None:
             print(f"new sentence:  {statistics.median(runs):8.1f} ms   median of {len(runs)}, "
                   f"{min(tokens)}–{max(tokens)} tokens, max {max(runs):.1f}   (target < 1000)")
         if args.screenshot:
+            if args.full:  # the whole page, top to bottom
+                height = driver.execute_script("return document.body.scrollHeight;")
+                driver.set_window_size(width, height + 100)
+                time.sleep(0.5)
             driver.execute_script("window.scrollTo(0, 0);")
             driver.save_screenshot(args.screenshot)
             print(f"screenshot: {args.screenshot}")

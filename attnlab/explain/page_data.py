@@ -49,17 +49,19 @@ def page_data(w: Walkthrough, translation=None, target: str | None = None,
             "ablation": ablation(probe, why)}
 
 
-def _view(key: str, title: str, weights: list[Tensor], rows: list[str], cols: list[str],
-          note: str) -> dict:
-    return {"key": key, "title": title, "rows": rows, "cols": cols, "note": note,
-            "weights": [nums(layer) for layer in weights]}  # (layers, heads, rows, cols)
-
-
-def views(w: Walkthrough, target: str | None = None, target_tokenizer=None) -> list[dict]:
+def views(w: Walkthrough, target: str | None = None, target_tokenizer=None,
+          lists: bool = True) -> list[dict]:
     """The attention views: the walked stack's self-attention, then an encoder–decoder's
     decoder and cross-attention, from the decoder's own pass on the start token and
-    ``target`` (:func:`~attnlab.explain.seq2seq.record_decoder`)."""
+    ``target`` (:func:`~attnlab.explain.seq2seq.record_decoder`). Each view's ``weights`` are
+    (layers, heads, rows, cols): nested lists of :func:`num`, or with ``lists=False`` a list
+    of each layer's tensor (the live page converts only the layer it shows)."""
     from attnlab.models import GPT, Transformer
+
+    def _view(key: str, title: str, weights: list[Tensor], rows: list[str], cols: list[str],
+              note: str) -> dict:
+        return {"key": key, "title": title, "rows": rows, "cols": cols, "note": note,
+                "weights": [nums(layer) for layer in weights] if lists else list(weights)}
 
     s = w.subject
     rule = "Each row sums to 1."

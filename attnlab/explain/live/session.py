@@ -66,7 +66,7 @@ class Run:
     """What a run keeps for the page's follow-up requests (another layer, a stage's values, the
     lens)."""
 
-    views: list[dict]  # page_data.views: every layer's weights
+    views: list[dict]  # page_data.views: every layer's weights, as tensors
     walk: object  # the Walkthrough
     probe: object | None  # the lens's and the interventions' input; None: the model has none
 
@@ -216,7 +216,7 @@ class Session:
             other = self._probe(ask, ask.patch_from)
             check_same_length(probe, other, "patch")
         w, translation = self._walk(subject, ask)
-        all_views = views(w, ask.target or None, self.target_tokenizer)
+        all_views = views(w, ask.target or None, self.target_tokenizer, lists=False)
         run_id = str(next(self._ids))
         self.runs[run_id] = Run(all_views, w, probe)
         while len(self.runs) > KEPT_RUNS:
@@ -284,7 +284,7 @@ class Session:
                            f"{', '.join(v['key'] for v in run.views)}")
         if not 0 <= layer < len(found["weights"]):
             raise BadInput(f"no layer {layer}: the view has layers 0..{len(found['weights']) - 1}")
-        return {"weights": found["weights"][layer]}
+        return {"weights": nums(found["weights"][layer])}
 
     def stage(self, run_id: str, i: int) -> dict:
         from attnlab.explain.report import format_value
@@ -390,7 +390,7 @@ def _chosen_layer(view: dict, layer: int, prefix: str) -> dict:
     layer = min(layer, len(weights) - 1)  # an encoder–decoder's stacks may differ in depth
     return {**{k: v for k, v in view.items() if k != "weights"}, "layers": len(weights),
             "heads": len(weights[layer]), "ablate_prefix": prefix, "layer": layer,
-            "weights": weights[layer]}
+            "weights": nums(weights[layer])}
 
 
 def _stage(i: int, s) -> dict:
