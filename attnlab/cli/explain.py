@@ -30,11 +30,17 @@ class CheckFailed(AttnlabError):
 def cmd_explain(args: argparse.Namespace) -> None:
     from attnlab.explain.report import format_backward, format_text
 
-    if args.examples or args.example:
-        _explain_examples(args)
-        return
     if args.serve:
         _serve(args)
+        return
+    served = [flag for flag, value in (("--host", args.host != "127.0.0.1"),
+                                       ("--port", args.port != 8000),
+                                       ("--max-tokens", args.max_tokens != 128),
+                                       ("--api-key", args.api_key)) if value]
+    if served:
+        raise UsageError(f"{served[0]} is for --serve")
+    if args.examples or args.example:
+        _explain_examples(args)
         return
     if args.backward:
         given = [name for name, value in (("sentence", args.sentence), ("--model", args.model),
@@ -87,10 +93,15 @@ def cmd_explain(args: argparse.Namespace) -> None:
 def _serve(args: argparse.Namespace) -> None:
     """``--serve``: the live page (attnlab/explain/live/) for ``--model`` on
     ``--host:--port``, showing the sentence (and ``--target``, or ``--image``) first; the page
-    does the rest, so the other modes' flags are refused."""
+    does the rest (the layer, head and sampling are picked there), so the other modes' flags
+    are refused."""
     given = [name for name, value in (
         ("--html", args.html), ("--compare", args.compare), ("--steps", args.steps),
-        ("--backward", args.backward), *((flag, True) for flag in _probes(args))) if value]
+        ("--backward", args.backward), ("--examples", args.examples),
+        ("--example", args.example), ("--word", args.word), ("--layer", args.layer),
+        ("--head", args.head), ("--temperature", args.temperature), ("--top-k", args.top_k),
+        ("--top-p", args.top_p), ("--sample-seed", args.sample_seed),
+        ("--dims", args.dims != 6), *((flag, True) for flag in _probes(args))) if value]
     if given:
         raise UsageError(f"--serve runs the page, which does what {', '.join(given)} would: "
                          "drop them")
@@ -122,7 +133,8 @@ def _serve(args: argparse.Namespace) -> None:
     shown = f"[{host}]" if ":" in host else host
     print(f"attnlab explain: open http://{shown}:{port}/ in a browser (Ctrl-C stops)",
           flush=True)
-    config = uvicorn.Config(create_app(session, api_key), log_level="warning", access_log=False)
+    app = create_app(session, api_key, local_only=loopback(args.host))
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
     graceful_server(config).run(sockets=[sock])
 
 

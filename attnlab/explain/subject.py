@@ -141,16 +141,18 @@ class SubjectModel(NamedTuple):
     target_tokenizer: object  # what writes an encoder–decoder's output (else ``tokenizer``)
 
 
-def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0) -> SubjectModel:
+def load_subject_model(spec: str | None, sentences: list[str], seed: int = 0,
+                       loaded=None) -> SubjectModel:
     """The model ``--model`` names: None (a random tiny model whose word vocabulary is
-    ``sentences``), ``minilm``, or a folder."""
+    ``sentences``), ``minilm``, or a folder; ``loaded``: ``spec`` already loaded
+    (:func:`attnlab.storage.load`)."""
     if spec is None:
         model, tok, label = _tiny(sentences, seed)
         return SubjectModel(model, tok, label, f"a random tiny model (untrained, seed {seed})",
                             tok)
     from attnlab.storage import MINILM, load
 
-    loaded = load(spec)
+    loaded = loaded or load(spec)
     if loaded.kind == "vision":
         raise BadInput(f"{spec}: a vision model (arch='vision') reads images, not sentences: "
                        "give --image digits:N, a .npy or a PNG file")

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 
 # --- the sampling step -----------------------------------------------------------------------
+MIN_TEMPERATURE = 1e-6  # the smallest sampling temperature: below it, use 0 (greedy)
+
+
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
     """Set to −inf every logit outside the top-k and outside the nucleus of mass ``top_p``."""
     if top_k is not None and top_k < logits.shape[-1]:
@@ -64,6 +67,10 @@ def check_decoding(ids: Tensor, max_new_tokens: int, temperature: float, top_k: 
         raise BadInput(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if not temperature >= 0:  # also catches NaN
         raise BadInput(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature != 0 and not MIN_TEMPERATURE <= temperature < float("inf"):
+        # logits / T would overflow to ±inf, and softmax would give NaN
+        raise BadInput(f"temperature must be 0 (greedy) or a finite number >= "
+                       f"{MIN_TEMPERATURE:g}, got {temperature}")
     if top_k is not None and top_k < 1:
         raise BadInput(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:

@@ -24,6 +24,11 @@ from tests.cli.helpers import assert_bad_input, cli
     (["--serve", "--max-tokens", "0"], ["--max-tokens"]),
     (["--serve", "--host", "0.0.0.0"], ["--host 0.0.0.0", "--api-key"]),
     (["--serve", "--port", "70000"], ["--port"]),
+    (["--serve", "--layer", "1"], ["--layer"]),
+    (["--serve", "--temperature", "0.5"], ["--temperature"]),
+    (["--serve", "--examples"], ["--examples"]),
+    (["the cat", "--port", "9000"], ["--port", "--serve"]),
+    (["the cat", "--api-key", "k"], ["--api-key", "--serve"]),
 ])
 def test_serve_refuses_what_it_cannot_do(capsys, monkeypatch, argv, names):
     monkeypatch.delenv("ATTNLAB_API_KEY", raising=False)

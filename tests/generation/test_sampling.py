@@ -114,6 +114,29 @@ def test_top_p_at_an_exact_boundary_and_inside_ties():
             assert (got[row][g].sort().values - want[row][w].sort().values).abs().max() <= 1e-6
 
 
+def test_top_p_cuts_a_tie_at_the_lowest_ids_whatever_the_vocabulary_size():
+    """Ties inside the nucleus's edge keep the lowest ids (a stable sort): the rule the live
+    page filters with. An unstable sort keeps other ids once the vocabulary is large."""
+    for vocab in (8, 100, 5000, 50_000):
+        tied = torch.zeros(1, vocab)
+        for top_p in (0.3, 0.5, 0.9):
+            n = int(torch.tensor(top_p, dtype=torch.float32) * vocab)  # the mass 1/vocab each
+            got = (filter_logits(tied, top_p=top_p) > float("-inf"))[0].nonzero().flatten()
+            assert got.tolist() == list(range(len(got))), (vocab, top_p)
+            assert abs(len(got) - n) <= 1, (vocab, top_p, len(got))
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), 1e-50, float("nan"), -1.0])
+def test_a_temperature_softmax_cannot_take_is_refused(temperature):
+    """logits / T overflows below MIN_TEMPERATURE and is NaN at T = ∞: refused, not a crash."""
+    from attnlab.errors import BadInput
+    from attnlab.generation.decode import check_decoding
+
+    with pytest.raises(BadInput, match="temperature"):
+        check_decoding(torch.ones(1, 2, dtype=torch.long), 1, temperature, None, None, 1.0)
+    check_decoding(torch.ones(1, 2, dtype=torch.long), 1, 1e-6, None, None, 1.0)
+
+
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if "temperature" in s
                                      or "repetition_penalty" in s], ids=name)
 def test_generate_draws_what_the_reference_draws_from_the_models_logits(setting):

@@ -33,12 +33,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 
 from attnlab.errors import BadInput
-from attnlab.explain.live.session import Ask, Session, TooLong
+from attnlab.explain.live.session import Ask, RunGone, Session, TooLong
 
 STATIC = Path(__file__).parent / "static"
 FILES = {"helpers.js": "text/javascript", "attention.js": "text/javascript",
          "output.js": "text/javascript", "live.js": "text/javascript", "live.css": "text/css"}
 MAX_BODY = 1 << 20  # bytes: a drawn image is a few hundred numbers, a sentence a few hundred
+MAX_WAITING = 16  # model requests queued behind the one running; more get a 503
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
 
 class Refused(Exception):
@@ -49,27 +51,40 @@ class Refused(Exception):
         self.status = status
 
 
-def create_app(session: Session, api_key: str | None = None) -> FastAPI:
-    """The app serving ``session``; with ``api_key``, ``/api/`` requests must prove it."""
+def create_app(session: Session, api_key: str | None = None,
+               local_only: bool = False) -> FastAPI:
+    """The app serving ``session``; with ``api_key``, ``/api/`` requests must prove it. With
+    ``local_only`` (a server on a loopback address), a request must name a loopback host:
+    another site's page, which the browser lets post to 127.0.0.1, or that rebinds its own
+    name to it, is turned away."""
     app = FastAPI(title="attnlab explain", docs_url=None, redoc_url=None, openapi_url=None)
-    lock = threading.Lock()
+    lock, gate = threading.Lock(), threading.Lock()  # the model's turn; the queue's count
+    waiting = [0]
 
     def work(fn, *args) -> JSONResponse:
         """``fn(*args)`` on the model, one request at a time, its errors as 4xx lines."""
+        with gate:
+            if waiting[0] >= MAX_WAITING:
+                raise Refused(503, f"{MAX_WAITING} requests are already waiting: try again soon")
+            waiting[0] += 1
         began = time.perf_counter()
         try:
             with lock:
+                with gate:
+                    waiting[0] -= 1
                 data = fn(*args)
         except BadInput as e:  # the walk's messages name the CLI's flags: "--head 9: …"
-            raise Refused(413 if isinstance(e, TooLong) else 422,
-                          str(e).removeprefix("--")) from None
-        except KeyError as e:
-            raise Refused(404, e.args[0]) from None
+            status = 404 if isinstance(e, RunGone) else 413 if isinstance(e, TooLong) else 422
+            raise Refused(status, str(e).removeprefix("--")) from None
         data["server_ms"] = round((time.perf_counter() - began) * 1000, 1)
         return JSONResponse(data)
 
     @app.middleware("http")
     async def key(request: Request, call_next):
+        host = request.headers.get("host", "").rsplit(":", 1)[0] if local_only else None
+        if host is not None and host not in LOOPBACK:
+            return JSONResponse({"error": f"this server answers requests for 127.0.0.1, not "
+                                          f"{host!r}"}, status_code=403)
         if request.url.path.startswith("/api/") and api_key is not None:
             sent = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(sent, f"Bearer {api_key}".encode()):
@@ -95,17 +110,17 @@ def create_app(session: Session, api_key: str | None = None) -> FastAPI:
                             status_code=500)
 
     @app.get("/")
-    def page() -> FileResponse:
+    async def page() -> FileResponse:
         return FileResponse(STATIC / "page.html", media_type="text/html")
 
     @app.get("/static/{name}")
-    def static(name: str) -> FileResponse:
+    async def static(name: str) -> FileResponse:
         if name not in FILES:
             raise Refused(404, f"no file {name!r}")
         return FileResponse(STATIC / name, media_type=FILES[name])
 
     @app.get("/api/info")
-    def info() -> JSONResponse:
+    async def info() -> JSONResponse:
         return JSONResponse(session.info())
 
     @app.post("/api/run")
@@ -118,11 +133,13 @@ def create_app(session: Session, api_key: str | None = None) -> FastAPI:
         body = await _body(request)
         sampling = {name: body.pop(name, None) for name in ("temperature", "top_k", "top_p",
                                                             "seed")}
-        temperature = _field(sampling, "temperature", (int, float), 0.0)
-        top_k, top_p, seed = (_field(sampling, n, t, None) for n, t in
-                              (("top_k", int), ("top_p", (int, float)), ("seed", int)))
-        return await _off_loop(work, session.next, _ask(body), float(temperature), top_k,
-                               None if top_p is None else float(top_p), seed)
+        temperature = _real(sampling, "temperature", 0.0)
+        top_k, seed = (_field(sampling, n, int, None) for n in ("top_k", "seed"))
+        top_p = _real(sampling, "top_p", None)
+        if seed is not None and not 0 <= seed < 2 ** 63:
+            raise Refused(422, f"the seed must be in [0, 2^63), got {seed}")
+        return await _off_loop(work, session.next, _ask(body), temperature, top_k, top_p,
+                               seed)
 
     @app.post("/api/html")
     async def html(request: Request) -> JSONResponse:
@@ -152,7 +169,11 @@ async def _off_loop(fn, *args):
 
 
 async def _body(request: Request) -> dict:
-    """The request's JSON object, its size bounded before it is read."""
+    """The request's JSON object, its size bounded before it is read. Only a JSON request is
+    read: a page on another site can post plain text to 127.0.0.1 without asking, but not
+    JSON (the browser asks the server first, and this one does not answer yes)."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise Refused(415, "send the body as JSON (Content-Type: application/json)")
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
         raise Refused(413, f"the request is larger than {MAX_BODY} bytes")
@@ -163,8 +184,8 @@ async def _body(request: Request) -> dict:
             raise Refused(413, f"the request is larger than {MAX_BODY} bytes")
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise Refused(400, "the request body is not JSON") from None
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        raise Refused(400, "the request body is not JSON, or nests too deeply") from None
     if not isinstance(body, dict):
         raise Refused(400, "the request body must be a JSON object")
     return body
@@ -179,6 +200,15 @@ def _field(body: dict, name: str, kind, default):
         raise Refused(400, f"{name!r} must be {names.replace('str', 'a string')}, got "
                            f"{type(value).__name__}")
     return value
+
+
+def _real(body: dict, name: str, default: float | None) -> float | None:
+    """A number field as a float (a JSON integer too large for one is refused)."""
+    value = _field(body, name, (int, float), default)
+    try:
+        return None if value is None else float(value)
+    except OverflowError:
+        raise Refused(422, f"{name!r} is too large") from None
 
 
 def _ask(body: dict) -> Ask:

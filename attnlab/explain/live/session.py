@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import base64
 import itertools
-import math
 import secrets
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from attnlab.errors import BadInput
+from attnlab.explain.live import payload
 from attnlab.explain.output import Choice, choose, usable
-from attnlab.explain.page_data import num, nums
+from attnlab.explain.page_data import nums
 
 TOP = 50  # labelled candidates sent with the logits: the page shows the top 10 of the kept set
 KEPT_RUNS = 8  # runs whose attention and probes stay for follow-up requests
@@ -45,6 +44,10 @@ CHARS_PER_TOKEN = 32  # a sentence longer than max_tokens × this is refused bef
 
 class TooLong(BadInput):
     """The input has more tokens than the server's ``--max-tokens``."""
+
+
+class RunGone(BadInput):
+    """A follow-up names a run the session no longer keeps."""
 
 
 @dataclass
@@ -84,12 +87,21 @@ class Session:
         self.max_tokens = max_tokens
         self.runs: OrderedDict[str, Run] = OrderedDict()
         self._ids = itertools.count(1)
-        self.vision = _is_vision(spec, image)
+        loaded = None
+        if spec is not None:
+            from attnlab.storage import load
+
+            loaded = load(spec)
+        self.vision = image is not None or (loaded is not None and loaded.kind == "vision")
         if self.vision:
             from attnlab.data.images import read_image
             from attnlab.explain.image import load_image_model
 
-            self.model, self.label, self.source = load_image_model(spec, seed, "explain --serve")
+            if loaded is None:
+                self.model, self.label, self.source = load_image_model(None, seed)
+            else:
+                loaded.expect("vision", "explain --serve --image")
+                self.model, self.label, self.source = loaded.model, spec, str(loaded.path)
             c = self.model.config
             self.example_image, _ = read_image(image or "digits:0", c.num_channels,
                                                c.image_size)
@@ -98,7 +110,7 @@ class Session:
         else:
             from attnlab.explain.subject import load_subject_model
 
-            m = load_subject_model(spec, [sentence or EXAMPLE], seed)
+            m = load_subject_model(spec, [sentence or EXAMPLE], seed, loaded)
             self.model, self.tokenizer, self.label, self.source = m[:4]
             self.target_tokenizer = m.target_tokenizer
             self.example = sentence or (MASKED_EXAMPLE if self.masked_lm else EXAMPLE)
@@ -148,6 +160,10 @@ class Session:
         if len(text) > self.max_tokens * CHARS_PER_TOKEN:
             raise TooLong(f"the {what} has {len(text)} characters: at most "
                           f"{self.max_tokens} tokens are explained (--max-tokens)")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # JSON may carry a lone surrogate, which no text holds
+            raise BadInput(f"the {what} is not valid text (a lone UTF-16 surrogate)") from None
         return text
 
     def _count(self, n: int, what: str = "sentence") -> None:
@@ -162,7 +178,7 @@ class Session:
 
             digit = 0 if ask.digit is None else ask.digit
             return read_image(f"digits:{digit}", c.num_channels, c.image_size)
-        image = _image_tensor(ask.image, c.num_channels, c.image_size)
+        image = payload.image_tensor(ask.image, c.num_channels, c.image_size)
         return image, "the drawn image"
 
     def subject(self, ask: Ask):
@@ -178,6 +194,7 @@ class Session:
         self._count(len(self.tokenizer.encode(self._sentence(ask.sentence))))
         subject = make_subject(self.model, self.tokenizer, ask.sentence, self.label)
         if ask.target:
+            self._sentence(ask.target, "target")
             self._count(len(self.target_tokenizer.encode(ask.target)) + 1, "target")
         check_options(subject, ask.target or None, None, Choice())
         return subject
@@ -212,6 +229,8 @@ class Session:
         if ask.patch_from:
             from attnlab.explain.interventions import check_same_length
 
+            if self.vision:
+                raise BadInput("patching takes a second sentence; an image has none here")
             self._sentence(ask.patch_from, "second sentence")
             other = self._probe(ask, ask.patch_from)
             check_same_length(probe, other, "patch")
@@ -224,15 +243,15 @@ class Session:
         return {"run": run_id, "title": w.subject.title, "tokens": w.subject.tokens,
                 "layer": w.layer, "head": w.head, "layers": len(w.subject.layers),
                 "heads": w.subject.layers[w.layer].self_attn.n_heads,
-                "views": [_chosen_layer(v, w.layer, self._prefix(v["key"]))
+                "views": [payload.chosen_layer(v, w.layer, self._prefix(v["key"]))
                           for v in all_views],
-                "neuron": _neuron(w, all_views[0]["key"]),
-                "stages": [_stage(i, s) for i, s in enumerate(w.stages)],
-                "checks": [_check(c) for c in w.checks],
+                "neuron": payload.neuron(w, all_views[0]["key"]),
+                "stages": [payload.stage(i, s) for i, s in enumerate(w.stages)],
+                "checks": [payload.check(c) for c in w.checks],
                 "output": self._output(w, probe, why),
-                "image": _image_view(w) if self.vision else None,
-                "ablation": _ablation(probe, heads) if heads else None,
-                "patching": _patching(probe, other) if other is not None else None,
+                "image": payload.image_view(w) if self.vision else None,
+                "ablation": payload.ablation(probe, heads) if heads else None,
+                "patching": payload.patching(probe, other) if other is not None else None,
                 "translation": translation.text if translation is not None else None}
 
     def _walk(self, subject, ask: Ask):
@@ -272,7 +291,7 @@ class Session:
     # --- follow-ups -------------------------------------------------------------------------
     def kept(self, run_id: str) -> Run:
         if run_id not in self.runs:
-            raise KeyError(f"run {run_id!r} is gone (the server keeps the last {KEPT_RUNS}): "
+            raise RunGone(f"run {run_id!r} is gone (the server keeps the last {KEPT_RUNS}): "
                            "run the sentence again")
         return self.runs[run_id]
 
@@ -310,7 +329,7 @@ class Session:
         """The next token drawn as ``generate`` draws it, and the input with it appended."""
         if self.vision:
             raise BadInput("an image has no next token: the model predicts its class")
-        self.subject(ask)  # the same checks as a run
+        self.subject(ask)  # the input's checks; the layer and head play no part here
         if seed is None and temperature > 0:  # a fresh seed, reported so the draw can be repeated
             seed = secrets.randbits(31)
         try:
@@ -318,18 +337,24 @@ class Session:
         except BadInput as e:
             raise BadInput(str(e).replace("sample_seed", "seed")) from None
         probe = self._probe(ask)
-        scores = probe.forward()
+        patches = {}
+        if ask.ablate:  # the model as the page shows it: with its heads switched off
+            from attnlab.explain.interventions import parse_heads, zero_heads
+
+            patches = zero_heads(parse_heads(",".join(ask.ablate), probe, "ablate"))
+        from attnlab.explain.hooks import patched
+
+        with patched(self.model, patches):
+            scores = probe.forward()
         at = 0 if self.kind == "encoder" else -1  # a masked LM fills its first [MASK]
         new = choose(scores[at].float(), self.model, choice, choice.generator())
         token = probe.token_text(new)
         sentence, target, done = ask.sentence, ask.target, False
         if self.kind == "decoder":
-            ids = self.tokenizer.encode(ask.sentence) + [new]
-            sentence = self.tokenizer.decode(ids)
+            sentence = ask.sentence + _appended(self.tokenizer, ask.sentence, new)
             done = new == self.model.config.eos_id
         elif self.kind == "seq2seq":
-            tok = self.target_tokenizer
-            target = tok.decode((tok.encode(ask.target) if ask.target else []) + [new])
+            target = (ask.target or "") + _appended(self.target_tokenizer, ask.target or "", new)
             done = new == self.model.config.eos_id
         else:
             word = self.tokenizer.decode([new]).strip()
@@ -353,104 +378,16 @@ class Session:
             return path.read_text(encoding="utf-8")
 
 
+def _appended(tok, text: str, new: int) -> str:
+    """What token ``new`` adds to ``text``: the decoded text with it, less the decoded text
+    without it (the user's own text is kept as typed: a tokenizer may not give it back)."""
+    ids = tok.encode(text) if text else []
+    before, after = tok.decode(ids), tok.decode(ids + [new])
+    return after[len(before):] if after.startswith(before) else tok.decode([new])
+
+
 EXAMPLE = "The cat sat on the mat because it was"
 MASKED_EXAMPLE = "The cat sat on the [MASK] because it was warm."
-
-
-def _is_vision(spec: str | None, image: str | None) -> bool:
-    if image is not None:
-        return True
-    if spec is None:
-        return False
-    from attnlab.storage import load
-
-    return load(spec).kind == "vision"
-
-
-def _image_tensor(value: list, channels: int, size: int) -> Tensor:
-    """A drawn image: ``size × size`` (grey) or ``channels × size × size`` numbers in [0, 1]."""
-    want = f"{size}×{size}" + (f" or {channels}×{size}×{size}" if channels > 1 else "")
-    try:
-        image = torch.tensor(value, dtype=torch.float32)
-    except (TypeError, ValueError):
-        raise BadInput(f"the image must be {want} numbers in [0, 1]") from None
-    shape = tuple(image.shape)
-    if shape == (size, size):
-        image = image.expand(channels, -1, -1)
-    if tuple(image.shape) != (channels, size, size):
-        raise BadInput(f"the image is {'×'.join(map(str, shape)) or 'a number'}: the model "
-                       f"reads {want} pixels")
-    if not bool(((image >= 0) & (image <= 1)).all()):
-        raise BadInput("the image's pixels must be numbers in [0, 1]")
-    return image[None].contiguous()
-
-
-def _chosen_layer(view: dict, layer: int, prefix: str) -> dict:
-    weights = view["weights"]
-    layer = min(layer, len(weights) - 1)  # an encoder–decoder's stacks may differ in depth
-    return {**{k: v for k, v in view.items() if k != "weights"}, "layers": len(weights),
-            "heads": len(weights[layer]), "ablate_prefix": prefix, "layer": layer,
-            "weights": nums(weights[layer])}
-
-
-def _stage(i: int, s) -> dict:
-    return {"i": i, "title": s.title, "formula": s.formula, "note": s.note,
-            "shape": list(s.shape) if s.shape is not None else None}
-
-
-def _check(c) -> dict:
-    return {"name": c.name, "error": num(c.error), "tol": c.tol, "ok": c.ok}
-
-
-def _neuron(w, view: str) -> dict | None:
-    """The chosen head's Q and K (after RoPE, where the model rotates), its scale, any score
-    bias (ALiBi, T5), the mask and its weights: what the page's neuron view recomputes."""
-    titles = {s.title: s for s in w.stages}
-    if not {"Q", "K", "mask", "attention weights"} <= set(titles):
-        return None
-    attn = w.subject.layers[w.layer].self_attn
-    scale = 1 / math.sqrt(attn.d_k) if attn.scale is None else attn.scale
-    seq = len(w.subject.tokens)
-    bias = w.subject.positional.attention_bias(w.subject.positions, seq)
-    if bias is not None:
-        bias = bias[0, w.head if bias.shape[1] > 1 else 0]
-    return {"view": view,
-            "q": nums(titles["Q"].value), "k": nums(titles["K"].value), "scale": scale,
-            "bias": nums(bias) if bias is not None else None,
-            "mask": titles["mask"].value.tolist(),
-            "weights": nums(titles["attention weights"].value)}
-
-
-def _image_view(w) -> dict:
-    from attnlab.explain.image import image_attention
-
-    subject = w.subject
-    seen = image_attention(subject.model, subject.image)
-    size = subject.image.shape[-1]
-    return {"size": size, "pixels": nums(subject.image[0].mean(0)),
-            "grid": subject.model.patch_embed.grid, "rollout": nums(seen.cls_map),
-            "label": subject.name}
-
-
-def _ablation(probe, heads) -> dict:
-    """What ``explain --ablate`` prints, as data (:func:`format_ablation`'s numbers)."""
-    from attnlab.explain.interventions import ablate, ablation_table
-
-    done = ablate(probe, heads)
-    table = ablation_table(probe, done)
-    return {"heads": [h.text for h in heads], **table,
-            "check": _check(done.check) if done.check is not None else None,
-            "note": done.note}
-
-
-def _patching(probe, other) -> dict:
-    from attnlab.explain.interventions import patch_from
-
-    found = patch_from(probe, other)
-    return {"rows": found.rows, "cols": [f"h{h}" for h in range(found.effect.shape[1])],
-            "effect": nums(found.effect), "a": probe.token_text(found.main_token),
-            "b": probe.token_text(found.other_token), "d_main": num(found.main_diff),
-            "d_other": num(found.other_diff), "same_top": found.same_top}
 
 
 __all__ = ["Ask", "Session", "TooLong"]

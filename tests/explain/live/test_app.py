@@ -234,10 +234,21 @@ def test_bad_input_gets_a_4xx_line_and_the_server_keeps_serving(client):
         r = client.post("/api/run", json=body)
         assert r.status_code == status and words in r.json()["error"], (body, r.text)
         assert "\n" not in r.json()["error"]
-    assert client.post("/api/run", content=b"{").status_code == 400
-    assert client.post("/api/run", content=b"[1]").status_code == 400
+    as_json = {"Content-Type": "application/json"}
+    for raw in (b"{", b"[1]", b"[" * 100_000, b'{"sentence": ' + b"[" * 100_000):
+        assert client.post("/api/run", content=raw, headers=as_json).status_code == 400
     big = b'{"sentence": "' + b"a" * MAX_BODY + b'"}'
-    assert client.post("/api/run", content=big).status_code == 413
+    assert client.post("/api/run", content=big, headers=as_json).status_code == 413
+    # not JSON: a page on another site may post text to 127.0.0.1 without asking first
+    plain = {"Content-Type": "text/plain"}
+    assert client.post("/api/run", content=b'{"sentence": "a"}', headers=plain).status_code == 415
+    r = client.post("/api/run", content=b'{"sentence": "\\ud800 abc"}', headers=as_json)
+    assert r.status_code == 422 and "not valid text" in r.json()["error"]
+    for sampling in ({"temperature": 1, "seed": 10 ** 20}, {"temperature": 1e-50},
+                     {"temperature": 10 ** 400}, {"temperature": 1, "top_p": 10 ** 400},
+                     {"temperature": 1, "seed": -1}):
+        r = client.post("/api/next", json={"sentence": SENTENCE, **sampling})
+        assert r.status_code == 422, (sampling, r.text)
     r = client.post("/api/next", json={"sentence": SENTENCE, "top_k": 3})
     assert r.status_code == 422 and "top_k" in r.json()["error"]
     r = client.post("/api/next", json={"sentence": SENTENCE, "temperature": -1})
@@ -355,3 +366,37 @@ def test_the_saved_page_is_the_one_explain_html_writes(client, char_lm, tmp_path
             "--head", "2", "--html", str(tmp_path / "page.html"))
     assert r.code == 0, r.err
     assert page["html"] == (tmp_path / "page.html").read_text(encoding="utf-8")
+
+
+def test_a_page_of_another_site_is_turned_away(decoder_session):
+    """Bound to 127.0.0.1, the app answers only requests that name a loopback host: another
+    site's page (or a name rebound to 127.0.0.1) sends its own."""
+    client = TestClient(create_app(decoder_session, local_only=True))
+    assert client.get("/api/info", headers={"Host": "evil.example:8000"}).status_code == 403
+    for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000"):
+        assert client.get("/api/info", headers={"Host": host}).status_code == 200
+
+
+def test_next_token_draws_from_the_model_with_its_heads_switched_off(client, char_lm):
+    """Greedy with head 1.2 off: the argmax of the model whose W_O columns of that head are 0."""
+    d = client.post("/api/next", json={"sentence": SENTENCE, "ablate": ["1.2"]}).json()
+    ids = torch.tensor([char_lm.tokenizer.encode(SENTENCE)])
+    cut = copy.deepcopy(char_lm.model)
+    attn = cut.blocks.layers[1].self_attn
+    with torch.no_grad():
+        attn.out_proj.weight[:, 2 * attn.d_k : 3 * attn.d_k] = 0
+        assert d["id"] == int(cut(ids)[0, -1].argmax())
+
+
+def test_next_token_keeps_the_text_as_typed(client, char_lm):
+    """The character model knows no capitals: the user's text stays as typed, and only the
+    new character is appended (decoding the ids back would write <unk> in their place)."""
+    typed = "The Lazy dog"
+    d = client.post("/api/next", json={"sentence": typed}).json()
+    assert d["sentence"] == typed + char_lm.tokenizer.decode([d["id"]])
+
+
+def test_an_image_has_nothing_to_patch_from():
+    client = TestClient(create_app(Session(None, image="digits:0")))
+    r = client.post("/api/run", json={"digit": 0, "patch_from": "abc"})
+    assert r.status_code == 422 and "image" in r.json()["error"]

@@ -232,7 +232,10 @@ function drawNeuron() {
       attrs: jj === j ? { class: 'focus' } : {} }));
   const d = dot(k), bias = n.bias ? n.bias[i][j] : null, steps = el('div', { class: 'steps' });
   [`sum: q_${i} · k_${j} = ${fmt(d)}`,
-   `× scale ${fmt(n.scale)} (1/√${q.length}) = ${fmt(d * n.scale)}`,
+   // the scale is 1/√d_k unless the model sets its own (T5 scores unscaled: 1)
+   `× scale ${fmt(n.scale)}` +
+     `${Math.abs(n.scale * Math.sqrt(q.length) - 1) < 1e-6 ? ` (1/√${q.length})` : ' (the model\'s own)'}` +
+     ` = ${fmt(d * n.scale)}`,
    bias !== null ? `+ bias ${fmt(bias)} = ${fmt(d * n.scale + bias)}` : 'no bias',
    n.mask[i][j] ? 'not masked' : 'masked: this key may not be seen, so the score becomes −∞',
    `softmax over row ${i}: weight ${fmt(mine[j])} (the model: ${fmt(model[j])})`,
