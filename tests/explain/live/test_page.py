@@ -221,3 +221,69 @@ def test_the_pages_filter_is_attnlabs(page):
                                 "0.1));")
     torch.testing.assert_close(torch.tensor(shown, dtype=torch.float64),
                                torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64).softmax(-1))
+
+
+def open_page(driver, session):
+    server = LiveServer(session)
+    driver.get(server.url + "/")
+    ready(driver)
+    return server
+
+
+def choose_option(driver, element_id: str, value: str) -> None:
+    driver.execute_script("const s = document.getElementById(arguments[0]); s.value = arguments[1];"
+                          "s.dispatchEvent(new Event('change', {bubbles: true}));",
+                          element_id, value)
+
+
+def test_an_encoder_decoder_page_shows_cross_attention_and_switches_a_cross_head_off(browser):
+    """A random tiny translator: the target box, the cross-attention view (target × source),
+    and a cross-attention head switched off against a copy with its W_O columns zeroed; the
+    heatmap saved as SVG holds one cell per weight."""
+    session = Session(None, sentence="the cat sat on the mat", target="the")
+    server = open_page(browser, session)
+    try:
+        assert browser.find_element("id", "target").is_displayed()
+        assert browser.find_element("id", "target").get_attribute("value") == "the"
+        choose_option(browser, "view", "cross")
+        source = len(session.tokenizer.encode("the cat sat on the mat", add_eos=True))
+        cells = browser.find_elements("css selector", "#heatmap rect")
+        assert len(cells) == 2 * source  # the start token and "the", × the source tokens
+        svg = browser.execute_script("return heatmapSVG();")  # what "Save heatmap (SVG)" saves
+        assert svg.startswith("<svg") and svg.count("<rect") == 2 * source
+        before = current_run(browser)
+        browser.find_element("css selector", "#heads .thumb[data-head='1'] button.off").click()
+        ready(browser, after=before)
+        rows = browser.find_elements("css selector", "#ablation tr.after")
+        shown = [float(r.get_attribute("data-p")) for r in rows]
+        model = copy.deepcopy(session.model)
+        attn = model.decoder.layers[0].cross_attn
+        src = torch.tensor([session.tokenizer.encode("the cat sat on the mat", add_eos=True)])
+        tgt = torch.tensor([[model.config.bos_id] + session.tokenizer.encode("the")])
+        with torch.no_grad():
+            attn.out_proj.weight[:, attn.d_k : 2 * attn.d_k] = 0
+            logits = model(src, tgt)[0, -1]
+        logits[model.config.pad_id] = float("-inf")
+        top = logits.softmax(-1).topk(len(shown)).values.tolist()
+        assert shown == pytest.approx(top, abs=1e-4)
+    finally:
+        server.close()
+
+
+def test_a_digit_page_shows_the_class_probabilities_and_the_rollout(browser):
+    from attnlab.data.images import load_digits
+
+    session = Session(None, image="digits:0")
+    server = open_page(browser, session)
+    try:
+        assert browser.find_element("id", "digit").is_displayed()
+        assert browser.find_element("id", "rollout-view").is_displayed()
+        shown = shown_probabilities(browser)
+        with torch.no_grad():
+            p = session.model(load_digits().test.images[0:1])[0].softmax(-1)
+        assert list(shown) == p.topk(len(shown)).indices.tolist()
+        for i, q in shown.items():
+            assert q == pytest.approx(float(p[i]), abs=1e-4)
+        assert not browser.find_element("id", "next").is_displayed()
+    finally:
+        server.close()
