@@ -228,6 +228,9 @@ def _build(cflags: list[str], ldflags: list[str]) -> bool | str:
 
         where.mkdir(parents=True, exist_ok=True)
         _clear_stale_lock(where)
+        if not (where / f"{name}.so").exists():  # said while it happens: it takes a while
+            print(f"attnlab: building the CPU decoding kernels for this machine, once (about "
+                  f"20 s; kept in {where})", file=sys.stderr, flush=True)
         cpp_extension.load(name, [str(f) for f in _SOURCES], extra_cflags=cflags,
                            extra_ldflags=ldflags, build_directory=str(where),
                            is_python_module=False, verbose=False)

@@ -226,3 +226,26 @@ torch.save(dict(
     torch.testing.assert_close(theirs["attention"],
                                ops.decode_attention(q, k, v, allowed, 0.125),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_first_build_says_what_it_builds_once(tmp_path, monkeypatch, capsys):
+    """The first build on a machine takes a while: one line says so while it runs; a later
+    process, which finds the built library, says nothing. (The compiler is stood in for:
+    what is checked is the line, not the build.)"""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "_register_shapes", lambda: None)
+    built = []
+
+    def fake_load(name, sources, build_directory, **kwargs):
+        built.append(name)
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    assert cpu_kernels._build(["-O3"], []) is True
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("attnlab: building the CPU decoding kernels for this machine, once")
+    assert str(tmp_path) in line and len(line.splitlines()) == 1
+    assert cpu_kernels._build(["-O3"], []) is True and len(built) == 2
+    assert capsys.readouterr().err == ""
