@@ -153,7 +153,7 @@ def _config_parameters(config: ModelConfig) -> int:
     per_enc = count(enc + 1, dec) - base if enc else 0
     per_dec = count(enc, dec + 1) - base if dec else 0
     # a pruned head took its d_k rows of W_Q, W_K, W_V (and biases) and columns of W_O
-    per_head = 4 * config.d_k * config.d_model + (3 * config.d_k if config.bias else 0)
+    per_head = 4 * config.d_k * config.d_model + (3 * config.d_k if config.biased_qkv else 0)
     pruned = sum(len(heads) for heads in config.pruned_heads.values()) * per_head
     return (base + max(config.n_encoder_layers - 1, 0) * per_enc
             + max(config.n_decoder_layers - 1, 0) * per_dec - pruned + _adapter_parameters(config))

@@ -56,6 +56,16 @@ def check_at_least(obj: Any, minimums: dict[str, float], what: str = "") -> None
             raise BadInput(f"{what}{name} must be >= {low}, got {value!r}")
 
 
+def check_token_id(value: Any, vocab_size: int | None, what: str) -> None:
+    """Raise ``BadInput`` unless ``value`` is a token id of a vocabulary of ``vocab_size``
+    (None: any id an int64 holds; 2^63 or -1 would overflow it or index from the end)."""
+    bound = 2**63 if vocab_size is None else vocab_size
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < bound:
+        expected = ("a whole number in [0, 2^63)" if vocab_size is None
+                    else f"0..{vocab_size - 1}, the model's vocabulary")
+        raise BadInput(f"{what}={value!r} is not a token id: expected {expected}")
+
+
 def check_types(obj: Any, what: str = "") -> None:
     """Raise ``ValueError`` when a dataclass field of type int/float/bool/str (or ``| None``)
     holds something else, e.g. a string from ``--set d_model=abc``."""
@@ -108,6 +118,7 @@ class ModelConfig:
     final_norm: bool | None = None  # None: a final norm exactly when norm_placement == "pre"
     activation: str = "relu"
     bias: bool = True
+    qkv_bias: bool | None = None  # on Q, K, V alone (ViT's qkv_bias); None: as bias
     fused_qkv: bool = False
     scale_embeddings: bool = True  # × √d_model (paper, section 3.4)
     tie_embeddings: bool = True  # source = target embedding = output projection (section 3.4)
@@ -147,6 +158,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_types(self, "config field ")
         check_at_least(self, _AT_LEAST, "config field ")
+        # not bounded by vocab_size: presets (gpt-mini) keep GPT-2's 50256 until a tokenizer's
+        # ids replace it; a Hugging Face config.json's ids are (interop.huggingface)
+        for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
+            check_token_id(getattr(self, name), None, f"config field {name}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not getattr(self, name) < 1:
                 raise BadInput(f"config field {name} must be < 1, got {getattr(self, name)!r}")
@@ -284,6 +299,12 @@ class ModelConfig:
         if self.image_size is None or self.patch_size is None:
             return 0
         return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def biased_qkv(self) -> bool:
+        """Whether the query, key and value projections have biases (``qkv_bias``, else
+        ``bias``); the output projection follows ``bias``."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
 
     @property
     def kv_heads(self) -> int:

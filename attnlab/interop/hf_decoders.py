@@ -7,6 +7,8 @@ linear, dynamic, yarn and llama3 (:mod:`attnlab.nn.rope_scaling`). Mistral is Ll
 
 from __future__ import annotations
 
+import math
+
 from attnlab.config import ROPE_SCALING, ModelConfig
 from attnlab.errors import BadInput
 from attnlab.interop.huggingface import (
@@ -40,7 +42,7 @@ def gpt2_to_config(hf: dict) -> ModelConfig:
     hf = {**_GPT2_DEFAULTS, **hf}
     act = activation_from_hf(hf, "activation_function", "gelu_new", "gpt2")
     d = hf["n_embd"]
-    eos = hf.get("eos_token_id", 50256)
+    eos = _first(hf.get("eos_token_id", 50256))
     return ModelConfig(
         arch="decoder", vocab_size=hf["vocab_size"], d_model=d, n_heads=hf["n_head"],
         d_ff=hf.get("n_inner") or 4 * d, n_encoder_layers=0, n_decoder_layers=hf["n_layer"],
@@ -103,7 +105,10 @@ def rope_from_hf(hf: dict) -> tuple[float, dict, int]:
     """``(rope_base, rope_scaling, max_len)`` from a config.json: transformers 5's
     ``rope_parameters`` or the older ``rope_theta`` + ``rope_scaling`` (``type`` or
     ``rope_type``). Dynamic NTK has no table to outgrow: its context is the trained one times
-    the factor, and the trained one is kept as ``original_max_position_embeddings``."""
+    the factor, and the trained one is kept as ``original_max_position_embeddings``. YaRN and
+    llama3 reach ``factor × original_max_position_embeddings`` (the original defaulting to
+    ``max_position_embeddings``, as in transformers), or ``max_position_embeddings`` if that
+    is longer: Qwen2.5 keeps the trained 32k there and puts the reach in the factor."""
     params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     kind = params.get("rope_type", params.get("type", "default"))
     base = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
@@ -119,10 +124,22 @@ def rope_from_hf(hf: dict) -> tuple[float, dict, int]:
         scaling["factor"] = max_len / params["original_max_position_embeddings"]
     if kind in ("yarn", "llama3"):
         scaling.setdefault("original_max_position_embeddings", max_len)
+        max_len = _longest(max_len, scaling)
     if kind == "dynamic":  # transformers' trained length is max_position_embeddings, always
         scaling["original_max_position_embeddings"] = max_len
         max_len = int(max_len * float(scaling.get("factor", 1)))
     return base, scaling, max_len
+
+
+def _longest(max_len, scaling: dict):
+    """The larger of ``max_len`` and ``factor × original_max_position_embeddings``; ``max_len``
+    as it is where one is not a positive number (ModelConfig's checks then name it)."""
+    numbers = [max_len, scaling.get("factor"), scaling["original_max_position_embeddings"]]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+               for v in numbers) or not isinstance(max_len, int):
+        return max_len
+    reach = numbers[1] * numbers[2]
+    return max(max_len, int(reach)) if math.isfinite(reach) else max_len
 
 
 def rope_to_hf(c: ModelConfig) -> dict:
@@ -168,6 +185,7 @@ def mistral_to_config(hf: dict) -> ModelConfig:
 
 
 def _first(value):
+    """The first of several eos ids (Llama 3 lists its end-of-text and end-of-turn ids)."""
     return value[0] if isinstance(value, list) else value
 
 

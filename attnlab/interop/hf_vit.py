@@ -8,9 +8,10 @@ does not use and leaves unread; a folder written back for ``none`` has none, so 
 initialises it anew (the hidden states are unaffected). Checkpoints that store a bare model
 with the prefix, or a headed one without, are accepted.
 
-Not supported, each refused with one error: masked image modelling
-(``ViTForMaskedImageModeling``, SimMIM's ``encoder_stride`` decoder), ``qkv_bias: false``,
-non-square images or patches. Position interpolation to other image sizes is a forward
+``qkv_bias: false`` (no biases on query, key and value; the other layers keep theirs) is the
+config's ``qkv_bias``. Not supported, each refused with one error: masked image modelling
+(``ViTForMaskedImageModeling``, SimMIM's ``encoder_stride`` decoder), non-square images or
+patches. Position interpolation to other image sizes is a forward
 option of transformers, not part of a checkpoint: attnlab runs images of ``image_size`` only.
 """
 
@@ -66,9 +67,6 @@ def vit_to_config(hf: dict) -> ModelConfig:
     if arch not in _CLASSES:
         raise BadInput(f"architectures={arch!r} is not supported for vit "
                        f"(supported: {sorted(_CLASSES)})")
-    if hf["qkv_bias"] is not True:
-        raise BadInput(f"qkv_bias={hf['qkv_bias']!r} is not supported (attnlab's ViT has "
-                       "biases on every projection)")
     act = activation_from_hf(hf, "hidden_act", "gelu", "vit")
     image_size, patch_size = _side(hf, "image_size"), _side(hf, "patch_size")
     labels = _labels(hf)
@@ -84,7 +82,7 @@ def vit_to_config(hf: dict) -> ModelConfig:
         activation=act, scale_embeddings=False, head=_CLASSES[arch],
         num_labels=len(labels) if labels else hf.get("num_labels", 2),
         image_size=image_size, patch_size=patch_size, num_channels=hf["num_channels"],
-        extra=extra,
+        qkv_bias=None if hf["qkv_bias"] is True else hf["qkv_bias"], extra=extra,
     )
     return dataclasses.replace(config, max_len=config.n_patches + 1)  # [CLS] + the patches
 
@@ -110,7 +108,7 @@ def vit_from_config(c: ModelConfig) -> dict:
                 hidden_dropout_prob=c.dropout,
                 attention_probs_dropout_prob=c.attention_dropout, initializer_range=0.02,
                 layer_norm_eps=c.norm_eps, image_size=c.image_size, patch_size=c.patch_size,
-                num_channels=c.num_channels, qkv_bias=True, encoder_stride=c.patch_size,
+                num_channels=c.num_channels, qkv_bias=c.biased_qkv, encoder_stride=c.patch_size,
                 id2label={str(i): name for i, name in enumerate(labels)},
                 label2id={name: i for i, name in enumerate(labels)})
 
@@ -136,6 +134,9 @@ def vit_weights(c: ModelConfig):
         ("ffn_sublayer.norm", "layernorm_after"),
     ]:
         for kind in ("weight", "bias"):
+            if kind == "bias" and ours[-6:] in ("q_proj", "k_proj", "v_proj") \
+                    and not c.biased_qkv:
+                continue
             rows.append((f"encoder.layers.{{i}}.{ours}.{kind}", f"{layer}.{theirs}.{kind}"))
     rows += [("encoder.norm.weight", f"{p}layernorm.weight"),
              ("encoder.norm.bias", f"{p}layernorm.bias")]

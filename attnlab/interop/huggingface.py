@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from attnlab.config import POOLED_HEADS, ModelConfig
+from attnlab.config import POOLED_HEADS, ModelConfig, check_token_id
 from attnlab.errors import BadInput, MissingFile
 from attnlab.files import read_json
 
@@ -85,6 +85,33 @@ def read_hf_config(folder: Path) -> dict:
     if not path.exists():
         raise MissingFile(f"{path}: not found (expected a Hugging Face model folder)")
     return read_json(path)
+
+
+# the special token ids a family may read from config.json
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
+                   "unk_token_id")
+
+
+def checked_token_ids(hf: dict) -> dict:
+    """``hf`` with its special token ids checked, before a family reads them: null or absent
+    (the family's default), a whole number in [0, 2^63), or a list of them (Llama 3's several
+    eos ids). A negative ``pad_token_id`` means none, as early Llama conversions write it
+    (-1); any other id out of range is one ``BadInput`` naming the field. Ids past the
+    vocabulary pass: transformers' own GPT2Config writes bos = eos = 50256 over any
+    vocab_size, and runs such a model."""
+    hf = dict(hf)
+    for field in TOKEN_ID_FIELDS:
+        value = hf.get(field)
+        if field == "pad_token_id" and isinstance(value, int) and value < 0:
+            hf[field] = None
+        elif isinstance(value, list):
+            if not value:  # a family would read its first id
+                raise BadInput(f"{field}=[]: expected a token id or a list of them")
+            for item in value:
+                check_token_id(item, None, field)
+        elif value is not None:
+            check_token_id(value, None, field)
+    return hf
 
 
 def family_of(hf: dict, folder: Path) -> Family:
@@ -175,7 +202,7 @@ def from_pretrained(path: str | os.PathLike) -> nn.Module:
     hf = read_hf_config(folder)
     family = family_of(hf, folder)
     try:
-        config = family.to_config(hf)
+        config = family.to_config(checked_token_ids(hf))
     except KeyError as e:
         raise BadInput(f"{folder / 'config.json'}: missing field {e}") from None
     except (TypeError, ValueError) as e:  # the families say what; this says which file

@@ -48,7 +48,7 @@ def _attention(config: ModelConfig) -> MultiHeadAttention:
     return MultiHeadAttention(
         config.d_model, config.n_heads, config.num_kv_heads, bias=config.bias,
         fused_qkv=config.fused_qkv, dropout=config.attention_dropout, head_dim=config.head_dim,
-        scale=None if config.scale_attention else 1.0,
+        scale=None if config.scale_attention else 1.0, qkv_bias=config.biased_qkv,
     )
 
 

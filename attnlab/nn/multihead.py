@@ -33,6 +33,8 @@ class MultiHeadAttention(nn.Module):
         n_heads: number of query heads h.
         num_kv_heads: key/value heads (defaults to ``n_heads``; must divide it).
         bias: bias on the Q/K/V and output projections.
+        qkv_bias: bias on Q/K/V alone, when it differs from ``bias`` (a ViT without
+            them, Qwen2 with them only); None: ``bias``.
         fused_qkv: one ``(d_model → (h + 2·h_kv)·d_k)`` projection instead of three; self-attention
             then runs a single matmul (cross-attention slices the same weight).
         dropout: dropout on the attention weights.
@@ -51,6 +53,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         head_dim: int | None = None,
         scale: float | None = None,
+        qkv_bias: bool | None = None,
     ):
         super().__init__()
         num_kv_heads = n_heads if num_kv_heads is None else num_kv_heads
@@ -64,12 +67,13 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.scale = scale
         self.original_heads = list(range(n_heads))  # after pruning: the index each had before
+        qkv_bias = bias if qkv_bias is None else qkv_bias
         if fused_qkv:
-            self.qkv = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
+            self.qkv = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=qkv_bias)
         else:
-            self.q_proj = nn.Linear(d_model, self.q_dim, bias=bias)
-            self.k_proj = nn.Linear(d_model, self.kv_dim, bias=bias)
-            self.v_proj = nn.Linear(d_model, self.kv_dim, bias=bias)
+            self.q_proj = nn.Linear(d_model, self.q_dim, bias=qkv_bias)
+            self.k_proj = nn.Linear(d_model, self.kv_dim, bias=qkv_bias)
+            self.v_proj = nn.Linear(d_model, self.kv_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(self.q_dim, d_model, bias=bias)
         self.fused_qkv = fused_qkv
 

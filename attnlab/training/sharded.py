@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -112,7 +113,8 @@ def save_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
 def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  ) -> None:
     """Load ``folder`` (written by :func:`save_sharded` on any number of ranks) into this
-    rank's model and optimizer, resharded to the current layout (a collective call)."""
+    rank's model and optimizer, resharded to the current layout (a collective call), or into
+    the one plain model of a process started without torchrun."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -121,7 +123,9 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     try:
-        dcp.load(state, storage_reader=reader, planner=_planner())
+        with warnings.catch_warnings():  # one plain process is meant, not a slip
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.load(state, storage_reader=reader, planner=_planner())
     except CheckpointError:
         raise
     except Exception as e:  # a missing key, a wrong shape: another model's checkpoint
@@ -153,17 +157,17 @@ def write_shards(root: Path, step: int, model: torch.nn.Module,
 
 def resumable(folder: Path, state: dict, sharded: bool, layout: dict) -> bool:
     """Whether checkpoint ``folder`` (its trainer ``state``) resumes from its shards: True for
-    a sharded checkpoint and run, False for a one-process or DDP pair. Refused, in one line:
-    a sharded checkpoint for an unsharded run and the reverse; another ``pp`` (a weight tied
-    across stages is named by the stage layout); a fused QKV split by ``--tp`` in one run and
-    not the other (the shards are named by the layout's projections)."""
+    a sharded checkpoint, whatever the run (DCP loads the shards into an unsharded model as
+    into M ranks: the cluster's run goes on in one plain process, or under DDP), False for a
+    one-process or DDP checkpoint. Refused, in one line: a one-process or DDP checkpoint for
+    a sharded run (its optimizer state is one process's, not named for DCP); another ``pp``
+    (a weight tied across stages is named by the stage layout); a fused QKV split by ``--tp``
+    in one run and not the other (the shards are named by the layout's projections)."""
     has_shards = (folder / SHARDED).is_dir()
-    if sharded != has_shards:
-        kind, flags = ("a sharded", "with") if has_shards else ("a one-process or DDP",
-                                                                "without")
-        raise BadInput(f"{folder} was written by {kind} run: resume it {flags} --parallel "
-                       "fsdp, --tp or --pp")
-    if not sharded:
+    if sharded and not has_shards:
+        raise BadInput(f"{folder} was written by a one-process or DDP run: resume it without "
+                       "--parallel fsdp, --tp or --pp")
+    if not has_shards:
         return False
     if state.get("pp", 1) != layout["pp"]:
         pp = state.get("pp", 1)

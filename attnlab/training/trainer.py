@@ -434,6 +434,10 @@ class Trainer:
                         raise Stopped(f"{signal.Signals(signum).name} at step {self.step}; "
                                       f"checkpoint {saved or self.ckpt_dir} (continue with "
                                       "--resume)", signum)
+                    if budget_over and self.is_main:  # said: the bar counted the steps
+                        with bar.external_write_mode():
+                            self.log(f"--time-budget {self.cfg.time_budget:g} s spent: "
+                                     f"stopped at step {self.step} of {self.cfg.steps}")
                     if budget_over or stop_early:
                         break
                 if self.saved_step != self.step:  # (known on every rank alike)

@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers
 
-from attnlab import ModelConfig, build_model, from_pretrained, save_pretrained
+from attnlab import ModelConfig, build_model, from_pretrained, load, save_pretrained
 from attnlab.build import count_parameters
 from attnlab.generation import generate
-from attnlab.interop.hf_decoders import mistral_from_config
+from attnlab.interop.hf_decoders import mistral_from_config, rope_from_hf
 
 LLAMA = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=172, num_hidden_layers=2, rms_norm_eps=1e-6,
@@ -106,6 +106,57 @@ def test_rope_scaling_round_trips_through_save_pretrained(scaled, tmp_path):
         diff = back(ids, attention_mask=mask).logits - theirs(ids, attention_mask=mask).logits
     assert diff[mask.bool()].abs().max() <= 1e-5
     assert from_pretrained(tmp_path).config.rope_scaling == ours.config.rope_scaling
+
+
+# As Qwen2.5 documents YaRN (and as Llama 3.x configs may state llama3): max_position_embeddings
+# is the trained context, original_max_position_embeddings is left out, and the factor says
+# how far past it the model reaches (4 × 32 = 128 positions here).
+AS_DOCUMENTED = {
+    "yarn": {"rope_type": "yarn", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0},
+}
+
+
+@pytest.mark.parametrize("kind", list(AS_DOCUMENTED))
+def test_a_factor_past_max_position_embeddings_runs_as_transformers(kind, tmp_path):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**LLAMA, max_position_embeddings=32,
+                                      rope_scaling=AS_DOCUMENTED[kind])
+    perturbed(transformers.LlamaForCausalLM(config)).save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    # transformers writes the original it defaulted to; the documented configs leave it out
+    assert hf["rope_parameters"].pop("original_max_position_embeddings") == 32
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    loaded = load(tmp_path)
+    assert loaded.config.max_len == 128
+    ids, mask = ids_and_mask(length=70)
+    with torch.no_grad():
+        expected = theirs(ids, attention_mask=mask).logits
+        got = loaded.model(ids, attention_mask=mask)
+    assert (got - expected)[mask.bool()].abs().max() <= 1e-4
+    prompt = ids[1:, :60]  # and greedy decoding goes on past 32 positions as theirs does
+    theirs.generation_config.eos_token_id = None
+    expected = theirs.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert generate(loaded.model, prompt, max_new_tokens=20).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("kind, max_position, factor, original, context", [
+    ("yarn", 32, 4.0, None, 128), ("yarn", 256, 4.0, 32, 256), ("yarn", 32, 2.5, 30, 75),
+    ("llama3", 32, 8.0, None, 256), ("llama3", 1000, 8.0, 100, 1000),
+    ("linear", 32, 4.0, None, 32), ("dynamic", 32, 4.0, 16, 128),  # today's rules
+])
+def test_the_context_under_rope_scaling(kind, max_position, factor, original, context):
+    """YaRN and llama3: the larger of max_position_embeddings and factor × original (which
+    defaults to max_position_embeddings); linear: max_position_embeddings; dynamic: that times
+    the factor (transformers ignores its original_max_position_embeddings)."""
+    scaling = {"rope_type": kind, "factor": factor, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0}
+    if original is not None:
+        scaling["original_max_position_embeddings"] = original
+    hf = {"max_position_embeddings": max_position, "rope_scaling": scaling}
+    assert rope_from_hf(hf)[2] == context
 
 
 @pytest.fixture(scope="module")

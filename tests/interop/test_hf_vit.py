@@ -18,7 +18,9 @@ DIGITS = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, interm
               image_size=8, patch_size=2, num_channels=1, hidden_act="gelu_new",
               id2label={str(i): str(i) for i in range(10)})
 CASES = {"rgb": ("ViTForImageClassification", RGB), "digits": ("ViTForImageClassification", DIGITS),
-         "rgb-bare": ("ViTModel", RGB)}
+         "rgb-bare": ("ViTModel", RGB),
+         # no biases on query, key and value; the attention output and the MLP keep theirs
+         "no-qkv-bias": ("ViTForImageClassification", {**RGB, "qkv_bias": False})}
 FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
           "hidden_act", "layer_norm_eps", "image_size", "patch_size", "num_channels", "qkv_bias",
           "id2label", "hidden_dropout_prob", "attention_probs_dropout_prob"]
@@ -127,7 +129,7 @@ def folder_with(tmp_path, pair, **changes):
 @pytest.mark.parametrize("changes, message", [
     (lambda hf: dict(image_size=hf["image_size"] + 1),
      r"image_size=\d+ is not divisible by patch_size=\d"),
-    (lambda hf: dict(qkv_bias=False), "qkv_bias=False is not supported"),
+    (lambda hf: dict(qkv_bias="no"), "qkv_bias='no': expected bool"),
     (lambda hf: dict(architectures=["ViTForMaskedImageModeling"]), "masked image modelling"),
     (lambda hf: dict(architectures=["ViTForVideo"]),
      "architectures='ViTForVideo' is not supported"),

@@ -75,6 +75,18 @@ def test_lm_learns_and_reports_validation_loss(run):
     assert val[max(val)] < LEARNED < torch.log(torch.tensor(27.0)).item()  # far below uniform
 
 
+def test_a_spent_time_budget_is_said(text, tmp_path):
+    """The run stops at the first step after the budget and says so: the progress bar counted
+    --steps, which the run did not reach."""
+    r = cli(*TRAIN, "--text", str(text), "--out", str(tmp_path / "run"), "--steps", "100000",
+            "--time-budget", "0.5", "--device", "cpu", "--precision", "fp32")
+    assert r.returncode == 0, r.stderr
+    last = max(row["step"] for row in metrics(tmp_path / "run"))
+    assert 1 <= last < 100000
+    line = f"--time-budget 0.5 s spent: stopped at step {last} of 100000"
+    assert line in r.stdout + r.stderr
+
+
 def test_generate_streams_and_stops(run):
     r = cli("generate", "--model", str(run), "--prompt", "forty-", "--max-new-tokens", "40",
             "--stop", "\\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -331,6 +332,30 @@ def test_sharded_checkpoint_resumes_on_two_ranks_bitwise(fsdp_two_ranks, tmp_pat
     assert _losses(run) == _losses(straight)  # the resumed run, bitwise
     a, b = _weights(run, 6), _weights(straight, 6)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@multiprocess
+def test_sharded_checkpoint_resumes_in_one_plain_process(one_process, fsdp_two_ranks,
+                                                         tmp_path):
+    """The laptop after the cluster: the 2-rank FSDP run stopped after step 3 goes on with a
+    plain ``attnlab train --resume``, no torchrun, no --parallel. DCP loads the shards into the
+    unsharded model and its optimizer, so steps 4-6 are those of a run never interrupted (the
+    one-process one: the resumed FSDP run reads the shards as this one does); a model or Adam
+    state not restored would change them."""
+    _, stopped = fsdp_two_ranks
+    laptop = tmp_path / "laptop"
+    shutil.copytree(stopped, laptop)
+    for later in (laptop / "checkpoints").glob("step-*"):  # another test may resume `stopped`
+        if later.name != "step-00000003":
+            shutil.rmtree(later)
+    r = _cli(*TRAIN, "--steps", "6", "--save-every", "3", "--out", str(laptop), "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from step 3" in r.stdout
+    assert "torch.distributed" not in r.stderr, r.stderr  # no warning about a process group
+    ref, got = _losses(one_process), _losses(laptop)
+    assert sorted(got) == list(range(1, 7))
+    assert max(abs(got[s] - ref[s]) for s in range(4, 7)) <= 1e-5
+    assert _max_diff(_weights(laptop, 6), _weights(one_process, 6)) <= 1e-5
 
 
 @multiprocess
