@@ -1,6 +1,6 @@
 """Pictures (matplotlib, written as PNG): attention heatmaps and grids, cross-attention
 alignments, a ViT's [CLS] attention rollout over its image, the sinusoidal positional-encoding
-matrix, learning-rate schedules, loss curves.
+matrix, learning-rate schedules, loss curves, a classifier's confusion matrix.
 
 Each picture has a ``figure_*`` function that builds it and returns the matplotlib ``Figure``
 (drawn on its own Agg canvas; pyplot and its global backend are not touched), and a ``plot_*``
@@ -216,6 +216,39 @@ def figure_loss_curve(metrics_path: str | Path) -> Figure:
 def plot_loss_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
     """:func:`figure_loss_curve` written as a PNG; returns ``png_path``."""
     return _save(figure_loss_curve(metrics_path), png_path)
+
+
+# --- scores --------------------------------------------------------------------------------------
+def figure_confusion_matrix(confusion: list[list[int]] | tuple[tuple[int, ...], ...],
+                            labels: list[str] | tuple[str, ...],
+                            title: str = "confusion matrix") -> Figure:
+    """``confusion[true][predicted]`` counts as a heatmap, a row per true label and a column
+    per predicted label, each cell with its count. Colour is the share of its row (the
+    recall of that row's class), so a rare class's errors show as plainly as a common one's."""
+    counts = torch.tensor(confusion, dtype=torch.float64)
+    shares = (counts / counts.sum(1, keepdim=True).clamp(min=1)).numpy()
+    n, longest = len(labels), max(map(len, labels), default=0)
+    fig = _figure(2.0 + 0.6 * n + longest * FONT_INCHES, 1.6 + 0.5 * n + longest * FONT_INCHES,
+                  dpi=120)
+    ax = fig.add_subplot()
+    ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+    for t in range(n):
+        for p in range(n):  # dark cells get white text
+            ax.text(p, t, f"{int(counts[t, p]):,}", ha="center", va="center", fontsize=9,
+                    color="white" if shares[t, p] > 0.5 else "black")
+    ax.set_xticks(range(n), labels, rotation=45, ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(n), labels)
+    ax.set_xlabel("predicted label")
+    ax.set_ylabel("true label")
+    ax.set_title(title)
+    return _fit(fig)
+
+
+def plot_confusion_matrix(confusion: list[list[int]] | tuple[tuple[int, ...], ...],
+                          labels: list[str] | tuple[str, ...], path: str | Path,
+                          title: str = "confusion matrix") -> Path:
+    """:func:`figure_confusion_matrix` written as a PNG; returns ``path``."""
+    return _save(figure_confusion_matrix(confusion, labels, title), path)
 
 
 # --- shared --------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@
   zero- or few-shot, scored as EleutherAI's lm-evaluation-harness scores them: the
   log-likelihood of each choice after the prompt, ``acc`` and ``acc_norm``
   (:mod:`attnlab.tasks.choice`, :mod:`attnlab.generation.likelihood`);
-* ``evaluate lm``: a language model's perplexity on a text file, read through a sliding window.
+* ``evaluate lm``: a language model's perplexity on a text file, read through a sliding window;
+* ``evaluate classify|ner|qa``: a fine-tuned encoder on labelled data, scored by its task
+  (:mod:`attnlab.tasks`): a classifier's report, entity F1, SQuAD's EM and F1.
 
 The flat form of an earlier release, ``attnlab evaluate --model M --src S --ref R``, still runs
 ``evaluate translate``, after a one-line deprecation note (``cli.LEGACY``).
@@ -36,9 +38,9 @@ from attnlab.cli.common import (
     integer_bits,
     integer_label,
     load_for,
-    runtime,
     warn_unknown,
 )
+from attnlab.cli.evaluate_tasks import add_task_commands
 
 if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
     import torch
@@ -275,33 +277,10 @@ def _add_lang(p: argparse.ArgumentParser) -> None:
                         "stemming)")
 
 
-def cmd_evaluate_ner(args: argparse.Namespace) -> None:
-    from attnlab import hardware
-    from attnlab.errors import UnsupportedFormat
-    from attnlab.sentence_encoder import load_encoder
-    from attnlab.tasks.ner import read_conll, score
-
-    sentences = read_conll(args.data)
-    device, precision = runtime(args)
-    enc = load_encoder(args.model, args.adapter)
-    if enc.model.config.head != "tokens":
-        raise UnsupportedFormat(f"{enc.path}: model has head={enc.model.config.head!r}, not "
-                                "'tokens' (a run of 'attnlab train ner')")
-    enc.model.to(device)
-    announce(args, enc.path, device, precision)
-    with hardware.autocast(device, precision):
-        scores = score(enc.model, enc.tokenizer, sentences, args.batch)
-    words = sum(len(s.words) for s in sentences)
-    print(f"{len(sentences):,} sentences, {words:,} words, {scores.expected:,} entities")
-    print(f"entity precision {scores.precision:.4f}, recall {scores.recall:.4f}, "
-          f"F1 {scores.f1:.4f} ({scores.correct:,} of {scores.found:,} found are right)")
-    for kind, (p, r, f, n) in scores.per_type.items():
-        print(f"  {kind:<6} precision {p:.4f}, recall {r:.4f}, F1 {f:.4f} ({n:,} entities)")
-
-
 def add_commands(sub) -> None:
     ev = sub.add_parser("evaluate", help="score a model or a file of outputs: BLEU, chrF, "
-                                         "ROUGE, multiple-choice accuracy",
+                                         "ROUGE, multiple-choice accuracy, a fine-tuned "
+                                         "encoder's task scores",
                         description="Score a translation model on a test set, any "
                                     "hypothesis file against its references, or a language "
                                     "model on multiple-choice questions.")
@@ -325,15 +304,7 @@ def add_commands(sub) -> None:
     add_runtime_args(tr)
     tr.set_defaults(func=cmd_evaluate_translate)
 
-    ne = kinds.add_parser("ner", help="entity-level precision, recall and F1 on a CoNLL file",
-                          description="Tag every sentence of a CoNLL file and score the "
-                                      "entities as CoNLL-2003 (conlleval, seqeval) do: a "
-                                      "found entity counts when its type and both ends match.")
-    add_model_arg(ne, "a run folder from 'attnlab train ner'")
-    ne.add_argument("--data", required=True, metavar="FILE", help="a CoNLL file (test.txt)")
-    ne.add_argument("--batch", type=int, default=32, help="sentences per batch")
-    add_runtime_args(ne)
-    ne.set_defaults(func=cmd_evaluate_ner)
+    add_task_commands(kinds)  # ner, classify, qa: cli/evaluate_tasks.py
 
     tx = kinds.add_parser("text", help="score a hypothesis file against a reference file",
                           description="BLEU, chrF and ROUGE-1/2/L/Lsum of --hyp against --ref, "

@@ -4,8 +4,11 @@ labelled JSON lines.
 * :mod:`~attnlab.tasks.classify.data`: the JSON-lines reader, the fixed hash split (80/10/10)
   and the ``[CLS] text [SEP]`` rows;
 * :mod:`~attnlab.tasks.classify.recipe`: ``train classify`` (:class:`ClassifyRecipe`), whose
-  results are accuracy and macro-F1 on the validation and test splits;
-* :mod:`~attnlab.tasks.classify.predict`: class probabilities for texts (``attnlab classify``).
+  results are accuracy and macro-F1 on the validation and test splits, and which prints the
+  test split's report;
+* :mod:`~attnlab.tasks.classify.predict`: class probabilities for texts (``attnlab classify``);
+* :mod:`~attnlab.tasks.classify.scores`: the report (``evaluate classify``): accuracy, per-class
+  and macro, micro and weighted precision, recall and F1, the confusion matrix.
 """
 
 from attnlab.tasks.classify.data import (
@@ -15,7 +18,9 @@ from attnlab.tasks.classify.data import (
     read_labelled,
     split_by_hash,
 )
-from attnlab.tasks.classify.predict import classify_texts
+from attnlab.tasks.classify.predict import classify_texts, decisions
+from attnlab.tasks.classify.scores import Report, Scores, classification_report, format_report
 
 __all__ = ["Example", "read_labelled", "hash_fraction", "split_by_hash", "encode_examples",
-           "classify_texts"]
+           "classify_texts", "decisions", "Report", "Scores", "classification_report",
+           "format_report"]

@@ -1,10 +1,12 @@
 """``train classify``: a [CLS] classifier fine-tuned from a pretrained encoder (BERT, MiniLM)
 on labelled JSON lines (:mod:`attnlab.tasks.classify.data`), with early stopping on the
-validation loss; accuracy and macro-F1 on the validation and test splits at the end."""
+validation loss; accuracy and macro-F1 on the validation and test splits at the end, and the
+test split's full report (:mod:`attnlab.tasks.classify.scores`), printed."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from attnlab.data.labelled import LabelledBatches, fixed_batches
 from attnlab.errors import BadInput
 from attnlab.storage import load
 from attnlab.tasks.classify.data import encode_examples, read_labelled, split_by_hash
+from attnlab.tasks.classify.predict import decisions
+from attnlab.tasks.classify.scores import classification_report, format_report
 from attnlab.tasks.pretrained import from_encoder
 from attnlab.training.objectives import Classify
 from attnlab.training.recipes import Prepared, Recipe, finish_classifier, run
@@ -26,7 +30,8 @@ from attnlab.training.train_config import TrainConfig
 class ClassifyRecipe(Recipe):
     """Labelled JSON lines with a fixed hash split (80/10/10), fine-tuning ``init``; early
     stopping on validation loss keeps the best model, saved in ``out_dir/final``. Results:
-    accuracy and macro-F1 on the validation and test splits."""
+    accuracy and macro-F1 on the validation and test splits; the test split's report goes to
+    ``log``."""
 
     arch = "encoder"
     data: str | Path
@@ -36,6 +41,7 @@ class ClassifyRecipe(Recipe):
     max_len: int = 128
     batch_size: int = 32
     id_field: str = "id"
+    log: Callable[[str], object] = print
 
     def prepare(self, model_config: ModelConfig | None,
                 train_config: TrainConfig) -> Prepared:
@@ -71,15 +77,25 @@ class ClassifyRecipe(Recipe):
 
     def finish(self, model: nn.Module, prepared: Prepared, out_dir: Path,
                rank: int) -> dict[str, float]:
-        return finish_classifier(model, prepared, out_dir, rank)
+        results = finish_classifier(model, prepared, out_dir, rank)
+        if rank == 0 and prepared.state["test"]:
+            labels = prepared.config.extra["labels"]
+            report = classification_report(*decisions(model, prepared.state["test"]), labels)
+            self.log(f"test split, {report.total:,} examples:")
+            # a matrix of more than 10 classes is wider than a terminal: evaluate classify
+            for line in format_report(report, confusion=len(labels) <= 10):
+                self.log(line)
+        return results
 
 
 def train_classify(data: str | Path, text_field: str, label_field: str, init: str,
                    out_dir: str | Path, train_config: TrainConfig, max_len: int = 128,
                    batch_size: int = 32, id_field: str = "id", resume: bool = False,
                    log=print) -> dict[str, float]:
-    """The validation and test splits' accuracy and macro-F1."""
-    recipe = ClassifyRecipe(data, text_field, label_field, init, max_len, batch_size, id_field)
+    """The validation and test splits' accuracy and macro-F1 (the test split's report goes
+    to ``log``)."""
+    recipe = ClassifyRecipe(data, text_field, label_field, init, max_len, batch_size, id_field,
+                            log)
     return run(recipe, out_dir, None, train_config, resume, log).results
 
 

@@ -9,7 +9,7 @@ span of the context, read from two logits per token.
   context, the training rows (the answer's first and last token);
 * :mod:`~attnlab.tasks.qa.recipe`: ``train qa`` (:class:`QARecipe`);
 * :mod:`~attnlab.tasks.qa.predict`: the best span across windows (``attnlab qa``), and
-  SQuAD's exact match and F1.
+  SQuAD's exact match and F1 (``evaluate qa``).
 """
 
 from attnlab.tasks.qa.data import Question, Window, check_window, read_squad, windows
@@ -19,8 +19,10 @@ from attnlab.tasks.qa.predict import (
     best_span,
     normalize_answer,
     reading_window,
+    score_questions,
     squad_scores,
 )
 
 __all__ = ["Question", "read_squad", "Window", "windows", "check_window", "reading_window",
-           "best_span", "answer", "answer_many", "normalize_answer", "squad_scores"]
+           "best_span", "answer", "answer_many", "normalize_answer", "squad_scores",
+           "score_questions"]

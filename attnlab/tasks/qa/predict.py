@@ -19,7 +19,7 @@ from torch import nn
 
 from attnlab.data.labelled import padded
 from attnlab.sentence_encoder import SentenceEncoder
-from attnlab.tasks.qa.data import Window, check_window, windows
+from attnlab.tasks.qa.data import Question, Window, check_window, windows
 
 
 def reading_window(enc: SentenceEncoder, max_len: int | None = None,
@@ -121,3 +121,16 @@ def squad_scores(predictions: list[str], answers: list[list[str]]) -> tuple[floa
     f = sum(max(f1(p, a) for a in refs) for p, refs in zip(predictions, answers, strict=True))
     n = max(len(predictions), 1)
     return 100 * em / n, 100 * f / n
+
+
+def score_questions(model: nn.Module, tokenizer, questions: list[Question], max_len: int,
+                    stride: int, max_answer_len: int = 30,
+                    batch_size: int = 16) -> tuple[float, float, list[str]]:
+    """``(exact_match, f1, answers)``: the model answers every question
+    (:func:`answer_many`), scored against its reference answers (:func:`squad_scores`)."""
+    model.eval()
+    found = answer_many(model, tokenizer, [(q.question, q.context) for q in questions],
+                        max_len, stride, max_answer_len, batch_size=batch_size)
+    answers = [text for text, *_ in found]
+    em, f1 = squad_scores(answers, [list(q.answers) for q in questions])
+    return em, f1, answers

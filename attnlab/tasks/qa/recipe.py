@@ -5,7 +5,7 @@ position when the answer is not in the window). Training and evaluation question
 from two ranges of articles of one file, so that no article is on both sides (SQuAD's
 training set is not needed: ``dev-v1.1.json`` articles 0-37 train, 38-47 evaluate). After
 training the kept model answers every evaluation question; results are SQuAD's exact match
-and F1 (:func:`attnlab.tasks.qa.predict.squad_scores`).
+and F1 (:func:`attnlab.tasks.qa.predict.score_questions`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from attnlab.tasks.qa.data import (
     read_squad,
     training_rows,
 )
-from attnlab.tasks.qa.predict import answer_many, squad_scores
+from attnlab.tasks.qa.predict import score_questions
 from attnlab.training.objectives import Span
 from attnlab.training.recipes import Prepared, Recipe, write_final
 from attnlab.training.train_config import TrainConfig
@@ -95,11 +95,8 @@ class QARecipe(Recipe):
                rank: int) -> dict[str, float]:
         """The model the run ends with (the one early stopping kept, when it kept one) answers
         every evaluation question; SQuAD's EM and F1; the model is written to ``final/``."""
-        model.eval()
         questions = prepared.state["eval"]
-        found = answer_many(model, prepared.tokenizers["text"],
-                            [(q.question, q.context) for q in questions],
-                            prepared.state["max_len"], self.stride, self.max_answer_len)
-        em, f1 = squad_scores([text for text, *_ in found], [list(q.answers) for q in questions])
+        em, f1, _ = score_questions(model, prepared.tokenizers["text"], questions,
+                                    prepared.state["max_len"], self.stride, self.max_answer_len)
         write_final(model, prepared, out_dir, rank)
         return {"exact_match": em, "f1": f1, "questions": len(questions)}
