@@ -10,14 +10,16 @@ from attnlab.tokenizers.base import (
     KINDS,
     SPECIALS,
     CharTokenizer,
+    TextStats,
     Tokenizer,
     VocabTokenizer,
     WordTokenizer,
     pad,
+    text_stats,
     tokenizer_from_dict,
 )
 from attnlab.tokenizers.bpe import BPETokenizer
-from attnlab.tokenizers.wordpiece import WordPieceTokenizer
+from attnlab.tokenizers.wordpiece import WordPieceTokenizer, learn_wordpiece
 
 
 def load(path: str | os.PathLike) -> Tokenizer:
@@ -30,4 +32,5 @@ def load(path: str | os.PathLike) -> Tokenizer:
 
 
 __all__ = ["Tokenizer", "VocabTokenizer", "BPETokenizer", "WordPieceTokenizer", "CharTokenizer",
-           "WordTokenizer", "SPECIALS", "load", "tokenizer_from_dict", "KINDS", "pad"]
+           "WordTokenizer", "SPECIALS", "load", "tokenizer_from_dict", "KINDS", "pad", "TextStats",
+           "text_stats", "learn_wordpiece"]

@@ -7,6 +7,9 @@ Every tokenizer in attnlab (char, word, byte-level BPE, WordPiece) is a :class:`
     vocab_size, pad_id, unk_id, bos_id, eos_id       (BPE/WordPiece keep a vocabulary's own)
     to_dict() / from_dict() / save(path)              (JSON, {"type": kind, ...})
 
+What a tokenizer makes of a text (characters per token, tokens per word, OOV rate, share of
+the vocabulary used) is :func:`text_stats`.
+
 Each subclass registers its ``kind``, so :func:`tokenizer_from_dict` reads any of them back.
 
 Char and word tokenizers learn their vocabulary from text; their special ids are fixed at
@@ -27,6 +30,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -209,3 +213,55 @@ class WordTokenizer(VocabTokenizer):
     def join(self, pieces: list[str]) -> str:
         text = " ".join(pieces)
         return _ATTACH.sub(lambda m: m.group(1) or m.group(2) or m.group(3), text)
+
+
+@dataclass(frozen=True)
+class TextStats:
+    """What a tokenizer makes of a text: the counts, and the four figures a course compares
+    tokenizers by (each ``None`` where its denominator is 0)::
+
+        compression  = characters / tokens         (characters per token)
+        fertility    = tokens / words              (words: whitespace-separated)
+        OOV rate     = unknown tokens / tokens     (tokens equal to the tokenizer's unk id)
+        vocab used   = distinct ids / vocab size
+    """
+
+    lines: int
+    characters: int  # line ends not counted
+    words: int
+    tokens: int  # without bos/eos or [CLS]/[SEP]
+    unknown: int
+    distinct: int
+    vocab_size: int
+
+    @property
+    def compression(self) -> float | None:
+        return self.characters / self.tokens if self.tokens else None
+
+    @property
+    def fertility(self) -> float | None:
+        return self.tokens / self.words if self.words else None
+
+    @property
+    def oov_rate(self) -> float | None:
+        return self.unknown / self.tokens if self.tokens else None
+
+    @property
+    def vocab_used(self) -> float:
+        return self.distinct / self.vocab_size
+
+
+def text_stats(tok: Tokenizer, lines: Iterable[str]) -> TextStats:
+    """Encode each line on its own (as the training commands read text) and count; a tokenizer
+    without an unk id (GPT-2's byte-level BPE) counts no unknown tokens."""
+    n = characters = words = tokens = unknown = 0
+    seen: set[int] = set()
+    for line in lines:
+        ids = tok.encode(line)
+        n += 1
+        characters += len(line)
+        words += len(line.split())
+        tokens += len(ids)
+        unknown += sum(i == tok.unk_id for i in ids) if tok.unk_id is not None else 0
+        seen.update(ids)
+    return TextStats(n, characters, words, tokens, unknown, len(seen), tok.vocab_size)

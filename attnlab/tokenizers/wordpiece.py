@@ -7,6 +7,9 @@ marked ``##``: "embeddings" -> ``em ##bed ##ding ##s``. Inputs are framed as BER
     single:  [CLS] A [SEP]              token types 0 … 0
     pair:    [CLS] A [SEP] B [SEP]      token types 0 … 0 1 … 1
 
+A vocabulary is learned (:func:`learn_wordpiece`) by merging the pair of pieces with the
+highest count(ab) / (count(a)·count(b)), where BPE merges the most frequent pair.
+
 The ids are the vocabulary's own ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103 in the
 uncased English vocabulary), so a pretrained model's embedding rows line up.
 
@@ -17,21 +20,104 @@ RoBERTa's special tokens; the framing comes from its ``tokenizer.json``'s post-p
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
+from collections import Counter, defaultdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from attnlab.errors import BadInput, MissingFile
-from attnlab.files import read_json, read_text
+from attnlab.files import read_json, read_lines, read_text
 from attnlab.tokenizers.base import Tokenizer
 from attnlab.tokenizers.bpe import backend_from_str
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def learn_wordpiece(words: dict[str, int], size: int,
+                    min_frequency: int = 1) -> tuple[list[str], list[tuple[str, str]]]:
+    """WordPiece's vocabulary of at most ``size`` pieces (the alphabet is kept whole) from word
+    counts, and the merges that made it, in order.
+
+    Each word starts as its characters, every one after the first written as a continuation
+    piece: "hugs" -> ``h ##u ##g ##s``. The alphabet (in code-point order) is every character
+    seen, and ``##c`` for every character seen after a word's first. Then, while the vocabulary
+    has room, the pair of adjacent pieces (within a word) with the highest score is merged,
+    everywhere, left to right (``hu`` + ``##g`` -> ``hug``, ``##g`` + ``##s`` -> ``##gs``):
+
+        score(a, b) = count(ab) / (count(a) · count(b))
+
+    counted over the corpus as it stands after the merges so far (a word seen n times counts
+    n times). BPE merges the most frequent pair, count(ab); dividing by the parts' counts
+    prefers pairs whose parts seldom occur apart. Ties go to the pair seen more often, then to
+    the first in string order (a, then b), so the result never depends on dict order. Pairs
+    seen fewer than ``min_frequency`` times are not merged."""
+    split = [[w[0]] + ["##" + c for c in w[1:]] for w in words if w]
+    freq = [n for w, n in words.items() if w]
+    alphabet = sorted({c for w in words for c in w} | {s for ws in split for s in ws[1:]})
+    symbols: Counter[str] = Counter()
+    pairs: Counter[tuple[str, str]] = Counter()
+    where: defaultdict[tuple[str, str], set[int]] = defaultdict(set)  # may hold stale words
+    touching: defaultdict[str, set[tuple[str, str]]] = defaultdict(set)  # symbol -> its pairs
+
+    def count(ws: list[str], n: int, i: int) -> None:  # add (n > 0) or remove a word's counts
+        for s in ws:
+            symbols[s] += n
+        for p in pairwise(ws):
+            pairs[p] += n
+            if n > 0:
+                where[p].add(i)
+                touching[p[0]].add(p)
+                touching[p[1]].add(p)
+
+    def key(p: tuple[str, str]) -> tuple[float, int, tuple[str, str]]:  # smallest wins
+        return -pairs[p] / (symbols[p[0]] * symbols[p[1]]), -pairs[p], p
+
+    for i, ws in enumerate(split):
+        count(ws, freq[i], i)
+    # a lazy heap: every change of a pair's score pushes a new entry, and a popped entry that
+    # no longer matches its pair's current key is dropped
+    heap = [key(p) for p in pairs]
+    heapq.heapify(heap)
+    vocab, merges = list(alphabet), []
+    known = set(vocab)
+    while heap and len(vocab) < size:
+        entry = heapq.heappop(heap)
+        a, b = p = entry[2]
+        if pairs[p] < max(min_frequency, 1) or entry != key(p):
+            continue
+        merged = a + b[2:]  # b is never a word's first piece: it always starts with ##
+        changed: set[tuple[str, str]] = set()
+        for i in sorted(where.pop(p)):
+            ws, out, j = split[i], [], 0
+            while j < len(ws):
+                if j + 1 < len(ws) and ws[j] == a and ws[j + 1] == b:
+                    out.append(merged)
+                    j += 2
+                else:
+                    out.append(ws[j])
+                    j += 1
+            if len(out) < len(ws):
+                count(ws, -freq[i], i)
+                count(out, freq[i], i)
+                changed.update(pairwise(ws), pairwise(out))
+                split[i] = out
+        merges.append(p)
+        if merged not in known:
+            known.add(merged)
+            vocab.append(merged)
+        for s in (a, b):  # their counts fell: every pair holding them scores anew
+            changed |= touching[s]
+        for q in changed:
+            if pairs[q] > 0:
+                heapq.heappush(heap, key(q))
+    return vocab, merges
 
 
 class WordPieceTokenizer(Tokenizer):
@@ -106,16 +192,21 @@ class WordPieceTokenizer(Tokenizer):
             raise BadInput(f"{path}: {e}") from None
 
     @classmethod
-    def train(cls, files: list[str], vocab_size: int = 8000,
-              lowercase: bool = True) -> WordPieceTokenizer:
-        """Learn a WordPiece vocabulary from text files (the specials take ids 0–4)."""
-        backend = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+    def train(cls, files: list[str | os.PathLike], vocab_size: int = 8000,
+              lowercase: bool = True, min_frequency: int = 1) -> WordPieceTokenizer:
+        """Learn a WordPiece vocabulary from text files (plain or ``.gz``; the specials take
+        ids 0–4) by WordPiece's score, :func:`learn_wordpiece`. Words are what BERT's
+        normaliser and pre-tokenizer make of each line."""
+        backend = HFTokenizer(models.WordPiece(unk_token="[UNK]"))  # only to cut the words
         backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        backend.train([str(f) for f in files], trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False))
-        vocab = backend.get_vocab()
-        return cls.from_vocab(sorted(vocab, key=vocab.get), lowercase=lowercase)
+        words: Counter[str] = Counter()
+        for path in files:
+            for line in read_lines(path):
+                text = backend.normalizer.normalize_str(line)
+                words.update(w for w, _ in backend.pre_tokenizer.pre_tokenize_str(text))
+        vocab, _ = learn_wordpiece(words, vocab_size - len(SPECIAL), min_frequency)
+        return cls.from_vocab(SPECIAL + vocab, lowercase=lowercase)
 
     # --- encoding --------------------------------------------------------------------------
     @property

@@ -46,7 +46,7 @@ def classifier(tmp_path_factory):
     data = folder / "reviews.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "corpus.txt").write_text("\n".join(r["text"] for r in rows))
-    tiny_bert(folder / "corpus.txt", folder / "encoder", vocab_size=80, max_len=64)
+    tiny_bert(folder / "corpus.txt", folder / "encoder", vocab_size=100, max_len=64)
     run = folder / "run"
     r = cli_captured("train", "classify", "--data", data, "--text-field", "text",
                      "--label-field", "label", "--init", folder / "encoder", "--out", run,

@@ -38,7 +38,7 @@ def qa_run(tmp_path_factory):
     (folder / "corpus.txt").write_text(
         " ".join(NAMES + TOWNS) + " in the spring travelled to and stayed there for a week . "
         "who where did they travel ?\n")
-    tiny_bert(folder / "corpus.txt", folder / "encoder", vocab_size=60, max_len=32)
+    tiny_bert(folder / "corpus.txt", folder / "encoder", vocab_size=100, max_len=32)
     run = folder / "run"
     r = cli_captured("train", "qa", "--data", squad, "--train-articles", "0-3",
                      "--eval-articles", "4-5", "--model", folder / "encoder", "--out", run,
