@@ -56,10 +56,11 @@ def plot_cross_attention(weights: torch.Tensor, src_tokens: list[str], tgt_token
 
 
 def figure_attention_grid(weights: torch.Tensor, tokens: list[str],
-                          title: str = "self-attention") -> Figure:
-    """``weights (layers, heads, seq, seq)`` as a grid of heatmaps: a row per layer, a column
-    per head; rows of each map are queries, columns keys. Returns the figure, ``title`` above
-    the grid; tokens label the first column and the last row (the other maps have no ticks)."""
+                          title: str = "self-attention", first_layer: int = 0) -> Figure:
+    """``weights (layers, heads, seq, seq)`` as a grid of heatmaps: a row per layer (numbered
+    from ``first_layer``), a column per head; rows of each map are queries, columns keys, and
+    one colour bar gives the scale (0 to 1). Returns the figure, ``title`` above the grid;
+    tokens label the first column and the last row (the other maps have no ticks)."""
     w = weights.detach().float().cpu().numpy()
     n_layers, n_heads = w.shape[:2]
     size = 0.35 * len(tokens) + 0.8
@@ -70,8 +71,8 @@ def figure_attention_grid(weights: torch.Tensor, tokens: list[str],
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
-            ax.imshow(w[layer, head], cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_title(f"layer {layer} head {head}", fontsize=7)
+            shown = ax.imshow(w[layer, head], cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {first_layer + layer} head {head}", fontsize=7)
             if layer == n_layers - 1:  # ticks only where labelled: a 6 x 12 grid draws fast
                 ax.set_xticks(ticks, tokens, rotation=90, fontsize=6)
             else:
@@ -80,14 +81,49 @@ def figure_attention_grid(weights: torch.Tensor, tokens: list[str],
                 ax.set_yticks(ticks, tokens, fontsize=6)
             else:
                 ax.set_yticks([])
+    fig.colorbar(shown, ax=axes, shrink=min(1.0, 0.9 / n_layers + 0.3), label="weight")
     fig.suptitle(title)
     return _fit(fig)
 
 
-def plot_attention_grid(weights: torch.Tensor, tokens: list[str], path: str | Path,
+def figure_attention_head(weights: torch.Tensor, tokens: list[str],
+                          title: str = "self-attention") -> Figure:
+    """One head's ``weights (seq, seq)`` as a heatmap with readable labels: a row per query
+    (the attending token), a column per key (the attended one), each row summing to 1; the
+    weights are written in the cells up to 12 tokens, and a colour bar gives the scale."""
+    w = weights.detach().float().cpu().numpy()
+    n = len(tokens)
+    fontsize = 10 if n <= 16 else 8
+    longest = max(map(len, tokens), default=0) * FONT_INCHES * fontsize / 10
+    side = 1.0 + 0.45 * n
+    fig = _figure(side + longest + 1.2, side + longest + 0.8, dpi=120)
+    ax = fig.add_subplot()
+    shown = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(n), tokens, rotation=60, ha="right", rotation_mode="anchor",
+                  fontsize=fontsize)
+    ax.set_yticks(range(n), tokens, fontsize=fontsize)
+    ax.set_xlabel("key (the token attended to)")
+    ax.set_ylabel("query (the token attending)")
+    if n <= 12:
+        for i in range(n):
+            for j in range(n):
+                ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if w[i, j] < 0.6 else "black")
+    fig.colorbar(shown, ax=ax, label="weight (each row sums to 1)")
+    ax.set_title(title)
+    return _fit(fig)
+
+
+def plot_attention_head(weights: torch.Tensor, tokens: list[str], path: str | Path,
                         title: str = "self-attention") -> Path:
+    """:func:`figure_attention_head` written as a PNG; returns ``path``."""
+    return _save(figure_attention_head(weights, tokens, title), path)
+
+
+def plot_attention_grid(weights: torch.Tensor, tokens: list[str], path: str | Path,
+                        title: str = "self-attention", first_layer: int = 0) -> Path:
     """:func:`figure_attention_grid` written as a PNG; returns ``path``."""
-    return _save(figure_attention_grid(weights, tokens, title), path)
+    return _save(figure_attention_grid(weights, tokens, title, first_layer), path)
 
 
 def figure_image_attention(image: torch.Tensor, attention: torch.Tensor,

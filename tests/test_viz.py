@@ -111,8 +111,26 @@ def test_attention_grid_text_fits(layers, heads, tokens, title):
     weights = torch.rand(layers, heads, len(tokens), len(tokens)).softmax(-1)
     fig = viz.figure_attention_grid(weights, tokens, title)
     texts = assert_text_fits(fig)
-    assert len(fig.axes) == layers * heads and [t.get_text() for t in fig.texts] == [title]
-    assert {title, f"layer {layers - 1} head {heads - 1}", *tokens} <= shown(texts)
+    assert len(fig.axes) == layers * heads + 1  # and the colour bar
+    assert [t.get_text() for t in fig.texts] == [title]
+    assert {title, f"layer {layers - 1} head {heads - 1}", "weight", *tokens} <= shown(texts)
+
+
+@pytest.mark.parametrize("tokens", [MINILM, LONG, ["a", "b"]], ids=["minilm", "20-long", "two"])
+def test_one_heads_map_is_labelled_with_its_weights_and_a_colour_bar(tokens):
+    """``plot attention --layer L --head H``: readable labels, the axes named, a colour bar;
+    up to 12 tokens each cell shows its weight, rounded, as the map draws it."""
+    weights = torch.rand(len(tokens), len(tokens)).softmax(-1)
+    fig = viz.figure_attention_head(weights, tokens, "self-attention\nlayer 2, head 3")
+    texts = assert_text_fits(fig)
+    assert {"key (the token attended to)", "query (the token attending)",
+            "weight (each row sums to 1)", *tokens} <= shown(texts)
+    cells = [t.get_text() for t in fig.axes[0].texts]
+    if len(tokens) <= 12:
+        assert cells == [f"{float(x):.2f}" for x in weights.flatten()]
+    else:
+        assert cells == []
+    assert fig.axes[0].get_images()[0].get_array().shape == (len(tokens), len(tokens))
 
 
 @pytest.mark.parametrize("image, grid, title", [

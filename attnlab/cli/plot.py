@@ -30,6 +30,11 @@ def cmd_plot(args: argparse.Namespace) -> None:
     if args.what in EXAMPLES and not args.sentence and not args.image:
         raise UsageError(f"plot {args.what} needs a sentence to run through the model, e.g. "
                          f"attnlab plot {args.what} {EXAMPLES[args.what]} --out {args.out}")
+    if (args.layer is not None or args.head is not None) and (
+            args.what != "attention" or args.image):
+        raise UsageError("--layer and --head pick one map of plot attention for a sentence")
+    if args.head is not None and args.layer is None:
+        raise UsageError("--head needs --layer: the head of which layer?")
     if args.what == "cross" and not args.model:
         raise UsageError("plot cross needs --model (a translation run or checkpoint)")
     given = [name for name, value in (("sentence", args.sentence), ("--model", args.model))
@@ -54,7 +59,21 @@ def cmd_plot(args: argparse.Namespace) -> None:
         model, tok, label, *_ = encoder_for(args, [args.sentence])
         subject = make_subject(model, tok, args.sentence, label)
         weights = torch.stack(subject.run_model().weights)  # (layers, heads, seq, seq)
-        viz.plot_attention_grid(weights, subject.tokens, out, title=f"self-attention: {label}")
+        title = f"self-attention: {label}"
+        if args.layer is None:  # the overview: every layer and head
+            viz.plot_attention_grid(weights, subject.tokens, out, title=title)
+        else:
+            layers, heads = weights.shape[:2]
+            if not 0 <= args.layer < layers:
+                raise UsageError(f"--layer {args.layer}: the model has layers 0..{layers - 1}")
+            if args.head is None:
+                viz.plot_attention_grid(weights[args.layer : args.layer + 1], subject.tokens,
+                                        out, title=title, first_layer=args.layer)
+            elif not 0 <= args.head < heads:
+                raise UsageError(f"--head {args.head}: the layer has heads 0..{heads - 1}")
+            else:
+                viz.plot_attention_head(weights[args.layer, args.head], subject.tokens, out,
+                                        title=f"{title}\nlayer {args.layer}, head {args.head}")
     elif args.what == "cross":
         from attnlab.generation.seq2seq import cross_attention
         from attnlab.storage import load
@@ -119,6 +138,10 @@ def add_commands(sub) -> None:
     pl.add_argument("--image", metavar="SPEC",
                     help="attention: an image instead of a sentence: digits:N (image N of the "
                          "digits test split), or a .npy or PNG file of the model's shape")
+    pl.add_argument("--layer", type=int, help="attention: only this layer's heads")
+    pl.add_argument("--head", type=int,
+                    help="attention, with --layer: only this head, labelled and with its "
+                         "weights written in")
     add_out_arg(pl, "the PNG file to write", required=True)
     pl.add_argument("--d-model", type=int, default=512, help="positional, schedule: d_model")
     pl.add_argument("--max-len", type=int, default=100, help="positional: positions to draw")
