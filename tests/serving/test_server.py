@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,7 +28,6 @@ try:  # the HTTP client the openai package itself uses (httpx2 in its recent ver
 except ImportError:
     httpx = pytest.importorskip("httpx")
 
-import uvicorn  # noqa: E402
 
 from attnlab.build import build_model  # noqa: E402
 from attnlab.cli import build_parser  # noqa: E402
@@ -39,6 +37,7 @@ from attnlab.generation.decode import generate  # noqa: E402
 from attnlab.serving.app import create_app  # noqa: E402
 from attnlab.storage import save_model_dir  # noqa: E402
 from attnlab.tokenizers.bpe import BPETokenizer  # noqa: E402
+from tests.app_thread import AppThread  # noqa: E402
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "attention is all you need",
          "<user>hello there<assistant>general kenobi", "1234 5678 and so on"] * 30
@@ -79,7 +78,7 @@ def model_dir(tmp_path_factory):
     return folder
 
 
-class Server:
+class Server(AppThread):
     """The app on 127.0.0.1 on a free port, served by uvicorn on a thread."""
 
     def __init__(self, argv: list[str]):
@@ -88,27 +87,12 @@ class Server:
         self.service = build_service(args)
         self.lines: list[str] = []
         self.service.log = self.lines.append
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(create_app(self.service, args.api_key), log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(create_app(self.service, args.api_key))
 
     def client(self, key: str = "none") -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0,
                              timeout=60)
 
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")

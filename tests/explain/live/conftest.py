@@ -3,9 +3,6 @@ uvicorn on 127.0.0.1 on a free port, stopped afterwards."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -13,34 +10,17 @@ import torch
 
 from attnlab.explain.live.app import create_app
 from attnlab.explain.live.session import Session
+from tests.app_thread import AppThread
 
 MLM_TEXT = "the cat sat on the mat because it was warm\nthe dog sat on the rug\n" * 20
 
 
-class LiveServer:
+class LiveServer(AppThread):
     """``create_app(session, api_key)`` served on a thread; ``url`` ends without a slash."""
 
     def __init__(self, session: Session, api_key: str | None = None) -> None:
-        import uvicorn
-
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
         self.session = session
-        config = uvicorn.Config(create_app(session, api_key), log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        super().__init__(create_app(session, api_key))
 
 
 @pytest.fixture(scope="session")
