@@ -145,7 +145,8 @@ def parameter_breakdown(model: nn.Module) -> OrderedDict[str, int]:
 def _config_parameters(config: ModelConfig) -> int:
     def count(n_enc: int, n_dec: int) -> int:
         small = dataclasses.replace(config, n_encoder_layers=n_enc, n_decoder_layers=n_dec,
-                                    pruned_heads={}, adapter={})
+                                    pruned_heads={}, adapter={},
+                                    attention_window=_one_window(config))
         return count_parameters(skeleton(small))
 
     enc, dec = min(config.n_encoder_layers, 1), min(config.n_decoder_layers, 1)
@@ -159,6 +160,13 @@ def _config_parameters(config: ModelConfig) -> int:
             + max(config.n_decoder_layers - 1, 0) * per_dec - pruned + _adapter_parameters(config))
 
 
+def _one_window(config: ModelConfig) -> int | None:
+    """A Longformer's per-layer windows as one (a skeleton of fewer layers takes it; the
+    window changes no parameter count)."""
+    windows = config.attention_windows
+    return windows[0] if windows else None
+
+
 def _adapter_parameters(config: ModelConfig) -> int:
     """r·(in + out) per LoRA matrix, 2·m·d + m + d per bottleneck adapter, read off a
     one-layer skeleton (every layer of a stack has the same shapes)."""
@@ -167,6 +175,7 @@ def _adapter_parameters(config: ModelConfig) -> int:
         return 0
     small = skeleton(dataclasses.replace(
         config, n_encoder_layers=min(config.n_encoder_layers, 1), pruned_heads={}, adapter={},
+        attention_window=_one_window(config),
         n_decoder_layers=min(config.n_decoder_layers, 1)))
     shapes = {name: (m.in_features, m.out_features) for name, m in small.named_modules()
               if hasattr(m, "out_features")}

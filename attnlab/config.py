@@ -24,12 +24,13 @@ CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("post", "pre"),
     "activation": ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"),
-    "head": ("none", "mlm", "pretraining", "classify", "tokens", "qa", "discriminator"),
+    "head": ("none", "mlm", "pretraining", "classify", "tokens", "qa", "discriminator",
+             "choice"),
 }
 _ROPE_OPTIONAL = ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
                   "attention_factor", "mscale", "mscale_all_dim")
 GATED = ("swiglu", "geglu")  # activations with a gated third matrix: act(x·W₁) ⊙ x·W₃
-POOLED_HEADS = ("none", "pretraining", "classify")  # BERT's heads that read the tanh pooler
+POOLED_HEADS = ("none", "pretraining", "classify", "choice")  # the heads reading the tanh pooler
 # HF's rope_scaling types (rope_parameters' "rope_type") and the fields each one needs
 ROPE_SCALING = {"linear": ("factor",), "dynamic": ("factor", "original_max_position_embeddings"),
                 "yarn": ("factor", "original_max_position_embeddings"),
@@ -110,6 +111,9 @@ class ModelConfig:
     # Mistral: query i attends keys j with i − W < j ≤ i (a band), decoded with a rolling cache
     # of W entries per layer; None: the full causal context
     sliding_window: int | None = None
+    # Longformer (encoders): each token attends attention_window / 2 tokens each side and the
+    # global tokens (attnlab.nn.longformer); an even int, or a list of one a layer; None: all
+    attention_window: list[int] | int | None = None
     head_dim: int | None = None  # d_k when h·d_k ≠ d_model (T5 v1.1); None: d_model / h
     scale_attention: bool = True  # scores / √d_k; T5 folds the scale into its initialisation
     norm: str = "layernorm"
@@ -158,8 +162,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_types(self, "config field ")
         check_at_least(self, _AT_LEAST, "config field ")
-        # not bounded by vocab_size: presets (gpt-mini) keep GPT-2's 50256 until a tokenizer's
-        # ids replace it; a Hugging Face config.json's ids are (interop.huggingface)
+        # bounded by the vocabulary where a saved folder is read (storage.read_config,
+        # interop.huggingface): a config being built may take a tokenizer's ids after this
         for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
             check_token_id(getattr(self, name), None, f"config field {name}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
@@ -184,6 +188,13 @@ class ModelConfig:
             raise BadInput(f"config: activation={self.activation!r} is not supported by BERT "
                            "(arch='encoder')")
         self._check_positions()
+        windows = self.attention_windows
+        if windows is not None and (self.arch != "encoder" or len(windows) != self.n_encoder_layers
+                                    or not all(type(w) is int and w > 0 and not w % 2
+                                               for w in windows)):
+            raise BadInput(f"config field attention_window={self.attention_window!r}: expected an "
+                           f"even positive int or one a layer ({self.n_encoder_layers}), for "
+                           f"arch='encoder'")
         if self.arch == "vision":
             self._check_vision()
         self._check_pruned_heads()
@@ -332,6 +343,18 @@ class ModelConfig:
         return None if self.extrapolates else self.max_len
 
     @property
+    def attention_windows(self) -> list[int] | None:
+        """Longformer's window of each encoder layer; None: full attention."""
+        w = self.attention_window
+        return w if w is None or isinstance(w, list) else [w] * self.n_encoder_layers
+
+    @property
+    def reads_long_documents(self) -> bool:
+        """Whether attention's memory grows linearly in the length (Longformer's band and
+        global tokens), so that one pass reads a whole document up to ``max_len``."""
+        return self.attention_window is not None
+
+    @property
     def extrapolates(self) -> bool:
         """Positions with no table to run out of: ALiBi, T5's relative bias, none."""
         return self.positional in ("alibi", "relative", "none")
@@ -374,7 +397,14 @@ class ModelConfig:
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         if name not in PRESETS:
             raise BadInput(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-        return cls.from_dict({**PRESETS[name], **overrides})
+        values = {**PRESETS[name], **overrides}
+        # a special id past a smaller vocabulary moves to its last id, where GPT-2 keeps its
+        # one special token (<|endoftext|>, 50256 of 50257); a tokenizer's ids replace it
+        for key in ("pad_id", "unk_id", "bos_id", "eos_id"):
+            vocab = values.get("vocab_size", cls.vocab_size)
+            if key not in overrides and isinstance(vocab, int) and values.get(key, 0) >= vocab > 0:
+                values[key] = vocab - 1
+        return cls.from_dict(values)
 
 
 ADAPTER_METHODS = ("lora", "bottleneck")

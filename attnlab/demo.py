@@ -55,7 +55,8 @@ def _train_and_report(out: Path, steps: int, time_budget: float | None, n_train:
     corpus = load_corpus("numbers", None, None, n_train, n_test, seed)
     log(f"numbers task: {len(corpus.train):,} training pairs, {len(corpus.test)} held-out "
         f"numbers never seen in training; training {steps} steps"
-        + (f" or {time_budget:.0f} s, whichever comes first" if time_budget else ""))
+        + (f", or as many as fit in {time_budget:g} s (timed over the first steps; the "
+           "schedule is planned for them)" if time_budget else ""))
     model_config = ModelConfig.from_preset("tiny", **DEMO_MODEL)
     train_config = TrainConfig(
         steps=steps, max_tokens=4096, precision=precision, device=device, seed=seed,

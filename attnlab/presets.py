@@ -109,6 +109,11 @@ PRESETS.update({
                       "d_ff": 1024, "pooler": False},
 })
 
+# Longformer (Beltagy et al., 2020), longformer-base-4096: RoBERTa over 4,096 positions whose
+# layers attend a band of 512 tokens (256 each side) and the global tokens (attnlab.nn.longformer)
+PRESETS["longformer-base"] = {**PRESETS["roberta-base"], "max_len": 4098,
+                              "attention_window": 512}
+
 # T5 (Raffel et al., 2020; attnlab.models.Transformer): pre-LN RMSNorm with a final norm, no
 # biases, no √d scale on the embeddings or 1/√d_k on the scores, a learned relative position
 # bias per stack, ReLU and a tied head scaled by d^-½ (v1.0); the shape of transformers'

@@ -40,7 +40,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from attnlab.compression import quantize as quantized
-from attnlab.config import ModelConfig
+from attnlab.config import ModelConfig, check_token_id
 from attnlab.errors import (
     BadInput,
     MissingDependency,
@@ -194,7 +194,11 @@ def _load_hf(folder: Path) -> Loaded:
                                 or (folder / "vocab.txt").exists()):
         from attnlab.tokenizers.wordpiece import encoder_tokenizer
 
-        tokenizers["text"] = encoder_tokenizer(folder)
+        tok = tokenizers["text"] = encoder_tokenizer(folder)
+        # BERT's config.json does not hold its [UNK], [CLS] and [SEP] ids: its vocabulary does
+        for name in ("unk_id", "bos_id", "eos_id"):
+            if getattr(tok, name) is not None:
+                setattr(c, name, getattr(tok, name))
         st_config = folder / "sentence_bert_config.json"  # sentence-transformers' own limit
         if st_config.exists():
             limit = read_json(st_config).get("max_seq_length", max_len)
@@ -367,9 +371,17 @@ def load_model_dir(path: str | os.PathLike):
 
 def read_config(folder: Path) -> ModelConfig:
     try:
-        return ModelConfig.from_json(folder / "config.json")
+        config = ModelConfig.from_json(folder / "config.json")
     except FileNotFoundError:
         raise CheckpointError(f"{folder / 'config.json'}: missing from the checkpoint") from None
+    if config.arch != "vision":  # a saved model's special ids index its embedding tables
+        vocab = min(config.vocab_size, config.target_vocab_size)
+        for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
+            try:
+                check_token_id(getattr(config, name), vocab, f"config field {name}")
+            except BadInput as e:
+                raise BadInput(f"{folder / 'config.json'}: {e}") from None
+    return config
 
 
 def load_weights(model: nn.Module, folder: str | os.PathLike) -> None:

@@ -34,13 +34,13 @@ from attnlab import hardware
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 COMMANDS = [
     "attnlab tokenize train --vocab-size 8000 multi30k/train.de.gz multi30k/train.en.gz "
-    "--out bpe.json",
+    "--out runs/bpe.json",
     "attnlab train translate --src multi30k/train.de.gz --tgt multi30k/train.en.gz "
-    "--tokenizer bpe.json --preset small --set max_len=256 --max-tokens 3000 --warmup 600 "
+    "--tokenizer runs/bpe.json --preset small --set max_len=256 --max-tokens 3000 --warmup 600 "
     "--lr-factor 0.6 --save-every 100 --keep-last 5 --average-last 5 --steps 100000 "
     "--time-budget 1800 --out runs/m30k",
     "attnlab evaluate translate --model runs/m30k --src multi30k/test_2016_flickr.de.gz "
-    "--ref multi30k/test_2016_flickr.en.gz --beam 4 --alpha 0.6 --out test.hyp.en",
+    "--ref multi30k/test_2016_flickr.en.gz --beam 4 --alpha 0.6 --out runs/test.hyp.en",
 ]
 
 

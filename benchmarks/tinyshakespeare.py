@@ -70,7 +70,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     hf_cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_positions=64, n_embd=128,
                                      n_layer=4, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0)
+                                     attn_pdrop=0.0, bos_token_id=tok.eos_id,
+                                     eos_token_id=tok.eos_id)
     theirs = transformers.GPT2LMHeadModel(hf_cfg)
     with tempfile.TemporaryDirectory() as folder:
         theirs.save_pretrained(folder)

@@ -78,3 +78,46 @@ def test_bad_json_names_file_and_line(tmp_path):
 def test_the_new_families_knobs_are_checked(preset, fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig.from_preset(preset, **fields)
+
+
+
+def test_a_preset_on_a_smaller_vocabulary_keeps_its_special_ids_inside_it():
+    """GPT-2's <|endoftext|> is its vocabulary's last id (50256 of 50257): on a smaller
+    vocabulary it is that vocabulary's last id; ids already inside (Llama's 0..2) and ids
+    given explicitly stay."""
+    gpt = ModelConfig.from_preset("gpt-mini", vocab_size=40)
+    assert (gpt.pad_id, gpt.unk_id, gpt.bos_id, gpt.eos_id) == (39, 39, 39, 39)
+    assert ModelConfig.from_preset("gpt2").eos_id == 50256  # GPT-2 itself: 50257 tokens
+    assert ModelConfig.from_preset("gpt-mini", vocab_size=40, eos_id=7).eos_id == 7
+    llama = ModelConfig.from_preset("llama", vocab_size=40)
+    assert (llama.pad_id, llama.unk_id, llama.bos_id, llama.eos_id) == (2, 0, 1, 2)
+
+
+@pytest.mark.parametrize("field", ["pad_id", "unk_id", "bos_id", "eos_id"])
+def test_a_saved_folder_whose_special_id_is_past_its_vocabulary_is_one_line(tmp_path, capsys,
+                                                                           field):
+    """A special id indexes the embedding table (bos, pad) or could never be emitted (eos):
+    loading the folder names the field and the vocabulary, for attnlab's own config.json as
+    for a Hugging Face one (tests/interop/test_hf_token_ids.py)."""
+    import json
+
+    import attnlab
+    from attnlab.build import build_model
+    from attnlab.errors import BadInput
+    from attnlab.storage import save_model_dir
+    from attnlab.tokenizers import CharTokenizer
+    from tests.cli.helpers import assert_bad_input, cli
+
+    tok = CharTokenizer.train(["abcdefghij"])
+    config = ModelConfig.from_preset("gpt-mini", vocab_size=tok.vocab_size, d_model=16,
+                                     n_heads=2, d_ff=32, n_decoder_layers=1, max_len=16)
+    save_model_dir(tmp_path, build_model(config), config, {"text": tok.to_dict()})
+    assert attnlab.load(tmp_path).config.eos_id == tok.vocab_size - 1  # the honest folder
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, field: tok.vocab_size}))
+    last = tok.vocab_size - 1
+    with pytest.raises(BadInput, match=rf"{field}={tok.vocab_size} .*0\.\.{last}"):
+        attnlab.load(tmp_path)
+    r = cli(capsys, "generate", "--model", tmp_path, "--prompt", "abc", "--device", "cpu",
+            "--max-new-tokens", "2")
+    assert_bad_input(r, str(tmp_path / "config.json"), field)

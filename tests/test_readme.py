@@ -74,9 +74,9 @@ NOT_RUN = {
 # what the docs fetch or name -> (the file in ../shared/data, lines kept, every n-th line);
 # a few hundred lines keep the commands to seconds each
 URLS = {"https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
-        "input.txt": "input.txt"}
+        "input.txt": "runs/input.txt"}
 DATA = {
-    "input.txt": ("tinyshakespeare/input.txt", 3000, 1),
+    "runs/input.txt": ("tinyshakespeare/input.txt", 3000, 1),
     **{f"multi30k/{part}.{lang}.gz": (f"multi30k/{part}.{lang}.gz", n, 1)
        for part, n in (("train", 400), ("val", 40), ("test_2016_flickr", 20))
        for lang in ("de", "en")},
@@ -140,10 +140,10 @@ def workdir(tmp_path_factory) -> Path:
 
 # Any text trains a character-level LM and a masked LM: without ../shared/data, Tiny
 # Shakespeare's place is taken by this, so that the walk-through runs on a fresh checkout too.
-STAND_IN = {"input.txt": "".join(f"ROMEO{i % 7}: to be or not to be, that is the question.\n"
-                                 f"JULIET{i % 5}: whether 'tis nobler in the mind to suffer.\n\n"
-                                 for i in range(300))}
-STAND_IN["sonnets.txt"] = STAND_IN["input.txt"][:3000]
+STAND_IN = {"runs/input.txt": "".join(
+    f"ROMEO{i % 7}: to be or not to be, that is the question.\n"
+    f"JULIET{i % 5}: whether 'tis nobler in the mind to suffer.\n\n" for i in range(300))}
+STAND_IN["sonnets.txt"] = STAND_IN["runs/input.txt"][:3000]
 
 
 def provide(name: str, workdir: Path) -> str | None:
@@ -155,6 +155,7 @@ def provide(name: str, workdir: Path) -> str | None:
     if not path.exists():
         if name not in STAND_IN:
             return f"{name} comes from {path}, which is not on this machine"
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(STAND_IN[name])
         return None
     if target.exists():
@@ -265,6 +266,9 @@ def test_documented_command_runs(line, workdir, capsys, monkeypatch):
             assert any(line.startswith("attnlab serve") for line in ALL_LINES), line
             return
         assert url in URLS, f"the docs fetch {url}, which the test cannot serve"
+        # written where the commands after it read it: under runs/, not the checkout's root
+        saved = words[words.index("-o") + 1] if "-o" in words else url.rsplit("/", 1)[1]
+        assert saved == URLS[url], f"{line}: saves {saved}, the commands read {URLS[url]}"
         if reason := provide(URLS[url], workdir):
             SKIPPED[URLS[url]] = reason
             pytest.skip(reason)

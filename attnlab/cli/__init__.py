@@ -47,6 +47,12 @@ class _ShowDefaults(argparse.HelpFormatter):
             text = f"{text} (default: %(default)s)"
         return text
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # argparse's own, except that a name is never cut at its hyphen ("electra-small")
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
 
 class _Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose help shows defaults, which takes no abbreviated option

@@ -34,18 +34,26 @@ def _encoder(args: argparse.Namespace, head: str | None = None):
 
 
 def cmd_classify(args: argparse.Namespace) -> None:
+    """The label, its probability and the text (a pair: both texts, a tab between them)."""
     from attnlab import hardware
-    from attnlab.tasks.classify.predict import classify_texts
+    from attnlab.tasks.classify import Example, classify_examples
 
+    if args.pair and args.text:
+        raise UsageError("give texts or --pair A B, not both")
     enc, device, precision = _encoder(args, head="classify")
     labels = enc.labels or [str(i) for i in range(enc.model.config.num_labels)]
-    inputs = texts(args, skip_blank=True)
+    if args.pair:
+        inputs = [Example(str(i), a, "", b) for i, (a, b) in enumerate(args.pair)]
+    else:
+        inputs = [Example(str(i), t, "") for i, t in enumerate(texts(args, skip_blank=True))]
     announce(args, enc.path, device, precision)
     with hardware.autocast(device, precision):
-        probs = classify_texts(enc, inputs)
-    for text, p in zip(inputs, probs, strict=True):
+        probs = classify_examples(enc, inputs, pool=args.pool, stride=args.stride,
+                                  truncation=args.truncation)
+    for e, p in zip(inputs, probs, strict=True):
         best = int(p.argmax())
-        print(f"{labels[best]}\t{float(p[best]):.4f}\t{text[:80]}")
+        shown = e.text[:80] if e.pair is None else f"{e.text[:80]}\t{e.pair[:80]}"
+        print(f"{labels[best]}\t{float(p[best]):.4f}\t{shown}")
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
@@ -125,6 +133,16 @@ def add_commands(sub) -> None:
     c = sub.add_parser("classify", help="label texts with a fine-tuned classifier",
                        description="Print the predicted label, its probability and the text.")
     add_model_arg(c, "run folder from 'attnlab train classify'")
+    c.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
+                   help="classify the pair (A, B); repeat for more pairs")
+    c.add_argument("--truncation", choices=["longest_first", "only_second"],
+                   help="how a pair longer than the model's input is cut (default: as the run "
+                        "trained, else longest_first)")
+    c.add_argument("--pool", choices=["max", "mean"],
+                   help="read long texts in overlapping windows, their logits pooled (default: "
+                        "as the run trained; else one window, cut)")
+    c.add_argument("--stride", type=int, metavar="N",
+                   help="tokens consecutive windows share (default: the run's)")
     c.add_argument("text", nargs="*", help="texts (default: stdin, one per line)")
     add_runtime_args(c)
     c.set_defaults(func=cmd_classify)

@@ -1,5 +1,6 @@
 """What every command family shares: the options for a model, a preset, the device and the
-precision, reading texts, and the one report printed after training.
+precision, reading texts, and decoding's options (training's are in
+:mod:`attnlab.cli.training_options`).
 
 What ``auto`` means for ``--device`` and ``--precision`` is decided in :mod:`attnlab.hardware`;
 this module only turns the flags (and the deprecated ``--bf16`` / ``--fp32`` aliases) into a
@@ -91,97 +92,6 @@ def add_runtime_args(p: argparse.ArgumentParser, legacy: str | None = None) -> N
 
 
 # --- turning options into objects ------------------------------------------------------------
-def add_training_layout_args(p: argparse.ArgumentParser) -> None:
-    """Every trainer's options for memory and for training beyond one device
-    (:mod:`attnlab.training.parallel`; docs/scaling.md)."""
-    from attnlab.training.parallel import MODES, SCHEDULES, STRATEGIES
-
-    g = p.add_argument_group("memory and parallelism (see docs/scaling.md)")
-    g.add_argument("--activation-checkpointing", choices=MODES, default="none",
-                   help="recompute activations in backward: each block, or segments of about "
-                   "sqrt(N) blocks")
-    g.add_argument("--parallel", choices=STRATEGIES,
-                   help="under torchrun: replicate the model (ddp, the default with several "
-                   "processes) or shard it (fsdp)")
-    g.add_argument("--tp", type=int, default=1, metavar="N",
-                   help="tensor parallelism: each process computes heads/N heads")
-    g.add_argument("--pp", type=int, default=1, metavar="N",
-                   help="pipeline parallelism: N stages of about layers/N layers")
-    g.add_argument("--microbatches", type=int, metavar="B",
-                   help="pipeline micro-batches per batch (default 2 x --pp)")
-    g.add_argument("--pp-schedule", choices=tuple(SCHEDULES),
-                   help="pipeline schedule (default gpipe)")
-
-
-def training_layout(args: argparse.Namespace) -> dict[str, object]:
-    """The :class:`~attnlab.training.TrainConfig` fields of :func:`add_training_layout_args`."""
-    return dict(parallel=args.parallel, tp=args.tp, pp=args.pp,
-                microbatches=args.microbatches, pp_schedule=args.pp_schedule,
-                activation_checkpointing=args.activation_checkpointing)
-
-
-def add_finetuning_args(p: argparse.ArgumentParser) -> None:
-    """Adapters, discriminative learning rates, progressive unfreezing, warmup ratio."""
-    g = p.add_argument_group("fine-tuning (adapters and schedules)")
-    method = g.add_mutually_exclusive_group()
-    method.add_argument("--lora", type=int, metavar="R",
-                        help="train LoRA adapters of rank R over the frozen model (the task "
-                             "head trains in full); written in peft's format to OUT/adapter")
-    method.add_argument("--bottleneck", type=int, metavar="M",
-                        help="train bottleneck (Houlsby) adapters of size M after attention "
-                             "and the feed-forward instead")
-    g.add_argument("--lora-alpha", type=float, metavar="A",
-                   help="LoRA's scale numerator: the update is (A/R)·BA (default 2R)")
-    g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on LoRA's input")
-    g.add_argument("--lora-targets", metavar="NAMES",
-                   help="comma-separated layer names, peft's or attnlab's: q,v (default for "
-                        "LoRA), query,value, c_attn, q_proj,k_proj,v_proj,o_proj, w1,w2, ...")
-    g.add_argument("--layer-decay", type=float, default=1.0, metavar="XI",
-                   help="discriminative learning rates: each layer's rate is XI times the "
-                        "one above (the course: 0.5); embeddings lowest, heads at the full "
-                        "rate")
-    g.add_argument("--unfreeze-every", type=int, default=0, metavar="N",
-                   help="progressive unfreezing: train the top (head) first and one more "
-                        "layer below it every N steps (0: all at once)")
-    g.add_argument("--warmup-ratio", type=float, metavar="F",
-                   help="warmup over this fraction of --steps (the course: 0.06-0.1); "
-                        "replaces --warmup")
-
-
-def adapter_request(args: argparse.Namespace) -> dict | None:
-    """``--lora R`` / ``--bottleneck M`` and their options, as TrainConfig.adapter."""
-    targets = [t for t in (args.lora_targets or "").split(",") if t] or None
-    base = str(getattr(args, "init", "") or "")
-    if args.lora is not None:  # (0 too: refused, not taken for "no LoRA")
-        if args.lora < 1:
-            raise UsageError(f"--lora must be a rank >= 1, got {args.lora}")
-        return dict(method="lora", r=args.lora, alpha=args.lora_alpha,
-                    dropout=args.lora_dropout, targets=targets, base=base)
-    if args.bottleneck is not None:
-        if args.bottleneck < 1:
-            raise UsageError(f"--bottleneck must be a size >= 1, got {args.bottleneck}")
-        return dict(method="bottleneck", size=args.bottleneck, targets=targets, base=base)
-    if args.lora_targets or args.lora_alpha is not None:
-        raise UsageError("--lora-targets and --lora-alpha need --lora R (or --bottleneck M)")
-    return None
-
-
-def warmup_steps(args: argparse.Namespace) -> int:
-    """Warmup steps: ``--warmup-ratio`` of ``--steps`` when given (the course: 6-10%), else
-    ``--warmup``."""
-    if args.warmup_ratio is None:
-        return args.warmup
-    if not 0 <= args.warmup_ratio < 1:
-        raise UsageError(f"--warmup-ratio must be in [0, 1), got {args.warmup_ratio}")
-    return round(args.warmup_ratio * args.steps)
-
-
-def finetuning(args: argparse.Namespace) -> dict[str, object]:
-    """The :class:`~attnlab.training.TrainConfig` fields of :func:`add_finetuning_args`."""
-    return dict(adapter=adapter_request(args), layer_decay=args.layer_decay,
-                unfreeze_every=args.unfreeze_every)
-
-
 def overrides(args: argparse.Namespace) -> dict[str, object]:
     """``--set KEY=VALUE`` pairs; a value is JSON when it parses, else a bare string."""
     out = {}
@@ -291,16 +201,52 @@ def add_decoding_args(p: argparse.ArgumentParser, max_new_tokens: int, compile: 
     """The options of a command that decodes with
     :func:`attnlab.generation.decode.generate`: length, sampling, seed and ``--int4``."""
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=length_help)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
+    add_sampling_args(p)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int,
-                   help="random seed of sampling (default: a fresh one, printed on stderr; "
-                        "greedy decoding needs none)")
     add_integer_args(p)
     add_kv_cache_arg(p)
     add_compile_arg(p, compile)
+
+
+def add_sampling_args(p: argparse.ArgumentParser, temperature: float | None = 0.0) -> None:
+    """``--temperature``, ``--top-k``, ``--top-p`` and ``--seed``: the sampling step,
+    :func:`attnlab.generation.decode.next_tokens` (``temperature`` None: translate's, which
+    tells a flag given from one left out, :func:`translation_beam`)."""
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help="0: greedy; above 0: sample from softmax(logits / T)")
+    p.add_argument("--top-k", type=int, help="sample among the K most likely tokens")
+    p.add_argument("--top-p", type=float,
+                   help="sample among the fewest tokens whose probability reaches P")
+    p.add_argument("--seed", type=int,
+                   help="random seed of sampling (default: a fresh one, printed on stderr; "
+                        "greedy decoding needs none)")
+
+
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
+
+
+def translation_beam(args: argparse.Namespace, default: int) -> int:
+    """The beam size of ``translate`` and ``evaluate translate``: ``--beam``, else 1 when a
+    sampling flag (``--temperature``, ``--top-k``, ``--top-p``, ``--seed``) is given, else
+    ``default``; ``--beam K`` > 1 with a sampling flag is refused. Checks the sampling flags as
+    ``generate`` does and sets ``args.temperature`` (0: not sampling)."""
+    given = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS
+             if getattr(args, name) is not None]
+    beam = args.beam if args.beam is not None else 1 if given else default
+    if beam < 1:
+        raise UsageError(f"--beam must be >= 1, got {beam}")
+    if beam > 1 and given:
+        raise UsageError(f"--beam {beam} searches for the best translation and {given[0]} "
+                         "samples one: drop one of them")
+    args.temperature = args.temperature or 0.0
+    if given:  # (greedy translation never imports the sampling step)
+        from attnlab.generation.decode import check_sampling
+
+        try:
+            check_sampling(args.temperature, args.top_k, args.top_p)
+        except ValueError as e:
+            raise _flag_error(e) from None
+    return beam
 
 
 def add_kv_cache_arg(p: argparse.ArgumentParser) -> None:
@@ -360,7 +306,8 @@ def decoding_options(args: argparse.Namespace, rows: int = 1):
         raise UsageError(f"--int{bits} sets its own precision (integer weights, float32 "
                          f"activations); drop --precision {args.precision}")
     sampling = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p",
-                                                "repetition_penalty") if hasattr(args, k)}
+                                                "repetition_penalty", "beam", "alpha", "penalty")
+                if hasattr(args, k)}
     return DecodingOptions(device=args.device, precision=args.precision, bits=bits,
                            kv_cache=getattr(args, "kv_cache", None),
                            compile=getattr(args, "compile", False), rows=rows, **sampling)
@@ -398,8 +345,13 @@ def check_decoding_args(args: argparse.Namespace, decoding, ids) -> None:
             check_decoding(ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                            args.repetition_penalty)
     except ValueError as e:
-        name, rest = str(e).split(" ", 1)
-        raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
+        raise _flag_error(e) from None
+
+
+def _flag_error(e: ValueError) -> UsageError:
+    """A decoding check's error (it starts with the keyword's name) naming the flag."""
+    name, rest = str(e).split(" ", 1)
+    return UsageError(f"--{name.replace('_', '-')} {rest}")
 
 
 def sampling_seed(args: argparse.Namespace) -> int:
@@ -412,24 +364,3 @@ def sampling_seed(args: argparse.Namespace) -> int:
         seed = secrets.randbits(31)
         print(f"attnlab {args.command}: sampling with --seed {seed}", file=sys.stderr)
     return seed or 0
-
-
-# --- the report after training ---------------------------------------------------------------
-def report_run(out: str | Path, history: list[dict], what: str = "validation loss",
-               lines: list[str] | tuple[str, ...] = (), where: str | None = None) -> None:
-    """On rank 0: the loss curve PNG, ``lines``, the last validation loss, and where the
-    checkpoints (or ``where``) are; then the process group, if any, is shut down."""
-    from attnlab.training import distributed
-
-    if distributed.rank_and_world()[0] == 0:
-        from attnlab.viz import plot_loss_curve
-
-        out = Path(out)
-        plot_loss_curve(out / "metrics.jsonl", out / "loss_curve.png")
-        for line in lines:
-            print(line)
-        val = [r["val_loss"] for r in history if "val_loss" in r]
-        if val:
-            print(f"{what} {val[-1]:.4f} after {history[-1]['step']} steps")
-        print(where or f"checkpoints in {out / 'checkpoints'}")
-    distributed.shutdown()

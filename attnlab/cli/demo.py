@@ -26,8 +26,8 @@ def add_commands(sub) -> None:
     demo.add_argument("--steps", type=int, default=1500,
                       help="training steps (the learning rate decays to zero at the last)")
     demo.add_argument("--time-budget", type=float,
-                      help="stop training after this many seconds (the learning rate has not "
-                           "decayed to zero then)")
+                      help="train as many steps as fit in this many seconds, timed over the "
+                           "first steps: the learning rate decays to zero at the last of them")
     demo.add_argument("--n-train", type=int, default=200_000)
     demo.add_argument("--n-test", type=int, default=500)
     add_runtime_args(demo, legacy="--fp32")

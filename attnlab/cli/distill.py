@@ -11,21 +11,21 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
-from attnlab.cli.common import (
-    UsageError,
+from attnlab.cli.common import UsageError, add_out_arg, add_runtime_args, preset_config, runtime
+from attnlab.cli.training_options import (
     add_finetuning_args,
-    add_out_arg,
-    add_runtime_args,
+    add_schedule_args,
     add_training_layout_args,
     finetuning,
-    preset_config,
     report_run,
-    runtime,
+    schedule_from_args,
     training_layout,
-    warmup_steps,
 )
+
+LR = 1e-4  # the peak of a classifier's or a language model's student without --lr
 
 
 def _student(args: argparse.Namespace, arch: str):
@@ -38,15 +38,14 @@ def _student(args: argparse.Namespace, arch: str):
     return preset_config(args, arch, "a preset of the teacher's architecture")
 
 
-def _train_config(args: argparse.Namespace, schedule, **fields):
-    from attnlab.training.schedule import schedule_to_dict
+def _train_config(args: argparse.Namespace, schedule: dict, **fields):
     from attnlab.training.trainer import TrainConfig
 
     device, precision = runtime(args, say=print)
     return TrainConfig(
         steps=args.steps, precision=precision, device=str(device), seed=args.seed,
-        save_every=args.save_every, time_budget=args.time_budget,
-        schedule=schedule_to_dict(schedule), progress=not args.no_progress,
+        save_every=args.save_every, time_budget=args.time_budget, schedule=schedule,
+        accumulate=args.accumulate, progress=not args.no_progress,
         eval_every=args.eval_every, **finetuning(args), **training_layout(args), **fields)
 
 
@@ -60,7 +59,6 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
     from attnlab.tasks.classify.recipe import ClassifyRecipe
     from attnlab.training.distill import DistillRecipe
     from attnlab.training.recipes import LMRecipe, run
-    from attnlab.training.schedule import LinearSchedule
 
     preset = _student(args, arch)
     if arch == "encoder" and teacher.config.head == "classify":
@@ -82,8 +80,10 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
                          "distillation takes a classifier, a language model or a translator")
     recipe = DistillRecipe(inner, teacher.model, args.student_layers, preset, args.temperature,
                            args.alpha, args.hidden_weight)
+    args.schedule = args.schedule or "linear"
+    args.lr = LR if args.lr is None else args.lr
     train_config = _train_config(
-        args, LinearSchedule(args.lr, warmup_steps(args), args.steps), optimizer="adamw",
+        args, schedule_from_args(args), optimizer="adamw",
         weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6, patience=args.patience, keep_last=2,
         label_smoothing=0.0)
     done = run(recipe, args.out, teacher.config, train_config, resume=args.resume)
@@ -97,8 +97,20 @@ def cmd_train_distill(args: argparse.Namespace) -> None:
         taken = [k * have // args.student_layers for k in range(args.student_layers)]
         lines.insert(0, f"student: {args.student_layers} of the teacher's {have} layers, "
                         f"initialised from its layers {taken}")
+    try_next = (f"attnlab evaluate classify --model {args.out} --data {args.data} "
+                f"--text-field {args.text_field} --label-field {args.label_field} --split test"
+                if arch == "encoder" else
+                f"attnlab generate --model {args.out} --prompt {_quoted_start(args.text)}")
     report_run(args.out, done.history, "validation loss", lines,
-               where=f"model in {Path(args.out) / 'final'}")
+               where=f"model in {Path(args.out) / 'final'}", budget_note=done.budget_note,
+               next_command=try_next)
+
+
+def _quoted_start(path: str) -> str:
+    """The first word of a text file, as one shell word: a prompt to try."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        words = f.read(200).split()
+    return shlex.quote(words[0] if words else "The")
 
 
 def _sequence_level(args: argparse.Namespace, teacher) -> None:
@@ -107,7 +119,6 @@ def _sequence_level(args: argparse.Namespace, teacher) -> None:
     from attnlab.files import read_lines
     from attnlab.training.distill import sequence_level_corpus, student_config
     from attnlab.training.recipes import TranslationRecipe, run
-    from attnlab.training.schedule import NoamSchedule
 
     if not args.src:
         raise UsageError("a translation teacher is distilled at sequence level: give --src "
@@ -126,14 +137,16 @@ def _sequence_level(args: argparse.Namespace, teacher) -> None:
         valid = list(zip(read_lines(args.valid_src), read_lines(args.valid_tgt), strict=False))
     shared = src_tok if src_tok.to_dict() == tgt_tok.to_dict() else None
     corpus = Corpus(pairs, valid, "--valid-src/--valid-tgt" if valid else "no validation data")
-    train_config = _train_config(args, NoamSchedule(config.d_model, max(warmup_steps(args), 1),
-                                                    args.lr_factor),
+    args.schedule = args.schedule or "noam"
+    train_config = _train_config(args, schedule_from_args(args, config.d_model, args.lr_factor),
                                  max_tokens=args.max_tokens, label_smoothing=0.1, keep_last=2)
     done = run(TranslationRecipe(corpus, type(src_tok).__name__.removesuffix("Tokenizer")
                                  .lower(), type(tgt_tok).__name__.removesuffix("Tokenizer")
                                  .lower(), shared),
                args.out, config, train_config, resume=args.resume)
-    report_run(args.out, done.history)
+    report_run(args.out, done.history, budget_note=done.budget_note,
+               next_command=f"attnlab translate --model {args.out} "
+                            f"{shlex.quote(pairs[0][0][:40])}")
 
 
 def add_subcommand(kinds) -> None:
@@ -171,11 +184,12 @@ def add_subcommand(kinds) -> None:
     d.add_argument("--max-tokens", type=int, default=4096, help="translation: tokens a batch")
     d.add_argument("--lr-factor", type=float, default=1.0,
                    help="translation: the factor of the warmup + inverse-square-root schedule "
-                        "(--warmup steps)")
+                        "(--warmup steps) without --lr")
     d.add_argument("--max-len", type=int, default=128, help="classifier: tokens per example")
     d.add_argument("--batch", type=int, default=32, help="examples or windows per step")
-    d.add_argument("--lr", type=float, default=1e-4, help="peak learning rate")
-    d.add_argument("--warmup", type=int, default=60, help="warmup steps")
+    add_schedule_args(d, None, None, 60,
+                      lr_help=f"peak learning rate (default {LR:g}; a translation teacher: "
+                              "noam's peak)")
     d.add_argument("--eval-every", type=int, default=100)
     d.add_argument("--patience", type=int, default=3,
                    help="stop after N validation passes without improvement (0: never)")

@@ -6,7 +6,8 @@
 * ``evaluate choice``: a language model on multiple-choice questions (a JSON-lines file),
   zero- or few-shot, scored as EleutherAI's lm-evaluation-harness scores them: the
   log-likelihood of each choice after the prompt, ``acc`` and ``acc_norm``
-  (:mod:`attnlab.tasks.choice`, :mod:`attnlab.generation.likelihood`);
+  (:mod:`attnlab.tasks.choice`, :mod:`attnlab.generation.likelihood`); or an encoder with a
+  multiple-choice head, its ``acc`` (:mod:`attnlab.tasks.choice.head`);
 * ``evaluate lm``: a language model's perplexity on a text file, read through a sliding window;
 * ``evaluate classify|ner|qa``: a fine-tuned encoder on labelled data, scored by its task
   (:mod:`attnlab.tasks`): a classifier's report, entity F1, SQuAD's EM and F1.
@@ -32,15 +33,22 @@ from attnlab.cli.common import (
     add_model_arg,
     add_out_arg,
     add_runtime_args,
+    add_sampling_args,
     announce,
     compiled_step,
     decoding_runtime,
     integer_bits,
     integer_label,
     load_for,
+    sampling_seed,
+    translation_beam,
     warn_unknown,
 )
-from attnlab.cli.evaluate_tasks import add_task_commands
+from attnlab.cli.evaluate_tasks import (
+    add_task_commands,
+    cmd_evaluate_choice_head,
+    names_an_encoder,
+)
 
 if TYPE_CHECKING:  # the CLI imports torch only when a command needs it
     import torch
@@ -67,6 +75,7 @@ def cmd_evaluate_translate(args: argparse.Namespace) -> None:
     from attnlab.generation.seq2seq import translate
     from attnlab.metrics import text_scores
 
+    beam = translation_beam(args, default=4)  # (sampling flags: 1)
     loaded, device, precision = load_for(args, "encoder-decoder")
     src, ref = _examples(args.src), _examples(args.ref)  # the test corpus, as it is
     _aligned(args.src, args.ref, src, ref)
@@ -76,18 +85,28 @@ def cmd_evaluate_translate(args: argparse.Namespace) -> None:
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
     target = loaded.tokenizers["target"]
+    generator, search = None, "greedy" if beam == 1 else f"beam {beam}, alpha {args.alpha}"
+    if args.temperature > 0:  # as generate: a fresh seed is printed, --seed repeats a run
+        import torch
+
+        generator = torch.Generator(device=device).manual_seed(sampling_seed(args))
+        search = f"sampled at temperature {args.temperature:g}" + "".join(
+            f", {name} {value:g}" for name, value in (("top-k", args.top_k),
+                                                      ("top-p", args.top_p)) if value)
     start = time.perf_counter()
     with hardware.autocast(device, precision):
         hyps = translate(loaded.model, loaded.tokenizers["source"], target, src,
-                         batch_size=args.batch, beam_size=args.beam, alpha=args.alpha,
-                         compiled=compiled_step(args, encoder_decoder=True))
+                         batch_size=args.batch, beam_size=beam, alpha=args.alpha,
+                         compiled=compiled_step(args, encoder_decoder=True),
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         generator=generator)
     seconds = time.perf_counter() - start
     n_tokens = sum(len(target.encode(h)) + 1 for h in hyps)  # + eos
     for line in text_scores(hyps, ref, args.lang):
         print(line)
     print(f"decoding: {len(src)} sentences in {seconds:.1f} s: {len(src) / seconds:.1f} "
           f"sentences/s, {n_tokens / seconds:.0f} tokens/s "
-          f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'}; "
+          f"({search}; "
           f"{precision} on {device})")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
@@ -228,6 +247,8 @@ def cmd_evaluate_choice(args: argparse.Namespace) -> None:
         if value is not None and value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
     examples = choice.read_examples(args.data)
+    if names_an_encoder(args.model):  # a multiple-choice head ('train choice'): its logits
+        return cmd_evaluate_choice_head(args, examples)
     demos = _demos(args, examples)  # the data's errors before the model is loaded
     examples = examples[: args.limit]
     loaded, device, precision = _decoder(args)
@@ -294,8 +315,10 @@ def add_commands(sub) -> None:
     add_model_arg(tr, "a translation run or checkpoint folder")
     tr.add_argument("--src", required=True, help="source sentences (plain or .gz)")
     tr.add_argument("--ref", required=True, help="reference translations, line-aligned")
-    tr.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+    tr.add_argument("--beam", type=int, help="beam size (default 4; 1: greedy; with a "
+                                              "sampling flag 1: sampled)")
     tr.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty α")
+    add_sampling_args(tr, temperature=None)
     tr.add_argument("--batch", type=int, default=64, help="sentences per batch")
     tr.add_argument("--limit", type=int, help="only the first N sentences")
     add_compile_arg(tr)
@@ -323,9 +346,11 @@ def add_commands(sub) -> None:
                     "followed by a blank line, then the context; the choice follows one space), "
                     "and the share of questions where the best choice is the answer (acc) and "
                     "where the best per character is (acc_norm). A prompt longer than the "
-                    "model's context loses its first tokens, as the harness cuts it.")
-    add_model_arg(ch, "a language model: a run or checkpoint folder, an HF folder, a .gguf "
-                      "file, or smollm2")
+                    "model's context loses its first tokens, as the harness cuts it. An "
+                    "encoder with a multiple-choice head ('attnlab train choice', an HF "
+                    "...ForMultipleChoice folder) is scored by its logits instead: acc alone.")
+    add_model_arg(ch, "a language model (a run or checkpoint folder, an HF folder, a .gguf "
+                      "file, or smollm2) or a multiple-choice encoder")
     ch.add_argument("--data", required=True, metavar="FILE",
                     help="questions, one JSON object a line: context (str), choices (list of "
                          "str), answer (index of the right choice), optional instruction (str)")

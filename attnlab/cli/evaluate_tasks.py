@@ -1,10 +1,13 @@
 """``attnlab evaluate ner | classify | qa``: a fine-tuned encoder scored on labelled data by its
 task's own scores (attnlab/tasks/): entities as CoNLL-2003 counts them, a classifier's report
-and confusion matrix as scikit-learn computes them, SQuAD's exact match and F1."""
+and confusion matrix as scikit-learn computes them, SQuAD's exact match and F1; and
+``evaluate choice`` on an encoder with a multiple-choice head, its accuracy."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import warnings
 from pathlib import Path
 
 from attnlab.cli.common import UsageError, add_model_arg, add_runtime_args, announce, runtime
@@ -57,21 +60,23 @@ def cmd_evaluate_classify(args: argparse.Namespace) -> None:
     from attnlab.tasks import classify
 
     _at_least_one(args, "batch")
-    examples = classify.read_labelled(args.data, args.text_field, args.label_field, args.id_field)
+    if args.plot:  # a folder that cannot be made fails now, not after the model has run
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    enc, device, precision = _task_encoder(args, "classify", "train classify")
+    pair_field = args.pair_field or enc.model.config.extra.get("reading", {}).get("pair_field")
+    examples = classify.read_labelled(args.data, args.text_field, args.label_field, args.id_field,
+                                      pair_field)
     if args.split != "all":
         examples = classify.split_by_hash(examples)[SPLITS.index(args.split)]
         if not examples:
             raise UsageError(f"{args.data}: the {args.split} split holds no examples")
-    if args.plot:  # a folder that cannot be made fails now, not after the model has run
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-    enc, device, precision = _task_encoder(args, "classify", "train classify")
     labels = enc.labels or [str(i) for i in range(enc.model.config.num_labels)]
     unknown = sorted({e.label for e in examples} - set(labels))
     if unknown:  # the model cannot predict them: most likely the wrong file or --label-field
         raise UsageError(f"{args.data}: label(s) {', '.join(map(repr, unknown[:5]))} of "
                          f"--label-field {args.label_field} are not among the model's {labels}")
     with hardware.autocast(device, precision):
-        probs = classify.classify_texts(enc, [e.text for e in examples], args.batch)
+        probs = classify.classify_examples(enc, examples, args.batch)
     report = classify.classification_report([labels.index(e.label) for e in examples],
                                             probs.argmax(-1).tolist(), labels)
     split = "" if args.split == "all" else f", the {args.split} split"
@@ -104,6 +109,58 @@ def cmd_evaluate_qa(args: argparse.Namespace) -> None:
     print(f"exact match {em:.2f}, F1 {f1:.2f}")
 
 
+def names_an_encoder(spec: str) -> bool:
+    """Whether ``--model`` is an encoder, from its config alone (no weights read): how
+    ``evaluate choice`` tells a multiple-choice head from a language model. Whatever cannot
+    be told so is left to the language model's path, which names the problem."""
+    from attnlab.files import read_json
+    from attnlab.interop.huggingface import checked_token_ids, family_of
+    from attnlab.storage import ALIASES, read_config, resolve_model_dir
+
+    path = ALIASES[spec]() if spec in ALIASES else Path(spec)
+    if not path.is_dir():
+        return False
+    if (path / "config.json").exists():
+        hf = read_json(path / "config.json")
+        if isinstance(hf, dict) and "model_type" in hf:  # a Hugging Face folder
+            return family_of(hf, path).to_config(checked_token_ids(hf)).arch == "encoder"
+    with warnings.catch_warnings():  # which checkpoint it runs: said once, when it loads
+        warnings.simplefilter("ignore")
+        return read_config(resolve_model_dir(path)).arch == "encoder"
+
+
+def cmd_evaluate_choice_head(args: argparse.Namespace, examples) -> None:
+    """``evaluate choice`` on an encoder with a multiple-choice head (``train choice``): each
+    question read alone, its choice with the largest logit; the accuracy."""
+    from attnlab import hardware
+    from attnlab.tasks.choice import mean_stderr
+    from attnlab.tasks.choice.head import decisions, reading, score_questions
+
+    if args.shots:
+        raise UsageError("--shots: demonstrations are for language models; a multiple-choice "
+                         "head reads each question alone")
+    if args.int4 or args.int8:
+        raise UsageError("--int4/--int8 are for language models, not a multiple-choice head")
+    enc, device, precision = _task_encoder(args, "choice", "train choice")
+    examples = examples[: args.limit]
+    max_len, truncation = reading(enc.model, enc.max_len)
+    with hardware.autocast(device, precision):
+        scores = score_questions(enc.model, enc.tokenizer, examples, max_len, truncation,
+                                 args.batch)
+    chosen = decisions(scores)
+    acc, stderr = mean_stderr([float(p == e.answer) for p, e in zip(chosen, examples,
+                                                                    strict=True)])
+    if args.json:
+        print(json.dumps({"acc": acc, "acc_stderr": stderr, "examples": len(examples),
+                          "lines": [e.line for e in examples],
+                          "answers": [e.answer for e in examples], "logits": scores,
+                          "decisions": chosen}))
+        return
+    shown = f"{acc:.4f}" if stderr is None else f"{acc:.4f} ± {stderr:.4f}"
+    print(f"acc {shown}  ({len(examples)} examples, a multiple-choice head; pairs cut "
+          f"{truncation} to {max_len} tokens)")
+
+
 def add_task_commands(kinds) -> None:
     """The task commands, added to ``attnlab evaluate``'s subcommands ``kinds``."""
     ne = kinds.add_parser("ner", help="entity-level precision, recall and F1 on a CoNLL file",
@@ -128,6 +185,8 @@ def add_task_commands(kinds) -> None:
     cl.add_argument("--text-field", required=True, help="field with the text (or F1,F2)")
     cl.add_argument("--label-field", required=True, help="field with the label")
     cl.add_argument("--id-field", default="id", help="field hashed for --split")
+    cl.add_argument("--pair-field", metavar="FIELD",
+                    help="the second text of each pair (default: the run's)")
     cl.add_argument("--split", choices=["all", *SPLITS], default="all",
                     help="score only this part of train classify's fixed 80/10/10 split")
     cl.add_argument("--plot", metavar="FILE.png", help="also draw the confusion matrix")

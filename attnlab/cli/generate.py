@@ -3,7 +3,11 @@ timing line on stderr (load, compile, the prompt's and the generated tokens' rat
 
 ``--draft MODEL`` or ``--prompt-lookup`` decode greedily with guessed tokens that the model
 checks several at a time (attnlab/generation/speculative.py, imported only then): the same
-text, and one more line on stderr with the share of guesses accepted."""
+text, and one more line on stderr with the share of guesses accepted.
+
+``--beam K`` searches instead (attnlab/generation/beam.py, imported only then; the length
+penalty of ``--penalty`` with exponent ``--alpha``): the best of K hypotheses, written when the
+search ends."""
 
 from __future__ import annotations
 
@@ -38,12 +42,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
         raise UsageError("--from-bos starts from the beginning-of-sequence token alone: give "
                          "--prompt '' with it")
     drafting = _check_drafting(args)
+    _check_beam(args, drafting)
     if drafting and args.compile:
         raise UsageError("--compile compiles plain decoding's one-token step; drop it with "
                          "--draft or --prompt-lookup")
     if args.draft_int4:  # PyTorch's 4-bit kernel is a CPU one
         args.device = "cpu" if args.device == "auto" else args.device
-    options = decoding_options(args)
+    options = decoding_options(args, rows=args.beam)
     runtime = decoding_runtime(options)
     loaded = load(args.model, int4=args.int4, int8=args.int8,
                   adapter=args.adapter).expect("decoder", "generate")
@@ -90,6 +95,29 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(reply.timing(loaded_in), file=sys.stderr)
         if reply.speculation is not None:
             print(reply.speculation.summary(), file=sys.stderr)
+
+
+def _check_beam(args: argparse.Namespace, drafting: bool) -> None:
+    """``--beam K``: at least 1; above 1 it searches, so sampling, guessing and the compiled
+    one-token step, which do not go with it, are refused in one line."""
+    if args.beam < 1:
+        raise UsageError(f"--beam must be >= 1, got {args.beam}")
+    if args.beam == 1:
+        return
+    drawn = [flag for flag, on in (("--temperature", args.temperature != 0),
+                                   ("--top-k", args.top_k is not None),
+                                   ("--top-p", args.top_p is not None),
+                                   ("--repetition-penalty", args.repetition_penalty != 1.0))
+             if on]
+    if drawn:
+        raise UsageError(f"--beam {args.beam} searches for the most likely text and {drawn[0]} "
+                         "shapes sampling: drop one of them")
+    if drafting:
+        raise UsageError(f"--beam {args.beam} searches; --draft and --prompt-lookup guess "
+                         "ahead of greedy decoding: drop one of them")
+    if args.compile:
+        raise UsageError("--compile compiles plain decoding's one-token step; drop it with "
+                         "--beam")
 
 
 def _check_drafting(args: argparse.Namespace) -> bool:
@@ -167,6 +195,16 @@ def add_commands(sub) -> None:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--truncate", action="store_true",
                      help="keep the end of a prompt longer than the model's context")
+    search = gen.add_argument_group(
+        "beam search", "the most likely text of K hypotheses, scored by log P(text) / "
+        "penalty(length); written when the search ends")
+    search.add_argument("--beam", type=int, default=1, metavar="K",
+                        help="beams (1: greedy decoding or sampling)")
+    search.add_argument("--alpha", type=float, default=1.0,
+                        help="the length penalty's exponent (transformers' length_penalty)")
+    search.add_argument("--penalty", choices=["average", "gnmt"], default="average",
+                        help="average: log P / length^alpha (transformers'); gnmt: "
+                             "log P / ((5 + length) / 6)^alpha (Wu et al., 2016)")
     guess = gen.add_argument_group(
         "speculative decoding", "greedy decoding with guessed tokens, checked several at a "
         "time by the model: the same text, faster when the guesses are right")

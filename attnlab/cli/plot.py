@@ -12,6 +12,7 @@ from pathlib import Path
 
 from attnlab.cli.common import UsageError, add_model_arg, add_out_arg, add_quiet_arg, announce
 from attnlab.cli.explain import check_can_write, encoder_for, runs_on, vision_for
+from attnlab.cli.training_options import SCHEDULE_NAMES, schedule_from_args
 
 # the plots that run a model on a sentence, and an example of their arguments
 EXAMPLES = {"attention": '"the cat sat on the mat"', "cross": '"forty-two" --model runs/demo',
@@ -89,12 +90,25 @@ def cmd_plot(args: argparse.Namespace) -> None:
     elif args.what == "positional":
         viz.plot_positional_encoding(args.max_len, args.d_model, out)
     else:  # schedule
-        from attnlab.training.schedule import NoamSchedule
-
-        schedule = NoamSchedule(args.d_model, args.warmup, args.factor)
-        viz.plot_schedule(schedule, args.steps, out, title=f"lr = {args.factor} · "
-                          f"{args.d_model}^-0.5 · min(step^-0.5, step · {args.warmup}^-1.5)")
+        schedule, title = _schedule(args)
+        viz.plot_schedule(schedule, args.steps, out, title=title)
     print(f"wrote {out}")
+
+
+def _schedule(args: argparse.Namespace):
+    """``plot schedule``'s schedule (as a trainer builds it from the same flags) and title."""
+    from attnlab.training.schedule import schedule_from_dict
+
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.schedule != "noam" and args.factor != 1.0:
+        raise UsageError(f"--factor is an option of --schedule noam, not {args.schedule}")
+    schedule = schedule_from_dict(schedule_from_args(args, args.d_model, args.factor))
+    if args.schedule == "noam":
+        return schedule, (f"lr = {schedule.factor:.4g} · {args.d_model}^-0.5 · "
+                          f"min(step^-0.5, step · {schedule.warmup}^-1.5)")
+    return schedule, (f"{args.schedule}: peak {schedule.peak_lr:.3g}, warmup {args.warmup} "
+                      f"of {args.steps} steps")
 
 
 def _plot_lens(args: argparse.Namespace, out: Path) -> None:
@@ -145,9 +159,19 @@ def add_commands(sub) -> None:
     add_out_arg(pl, "the PNG file to write", required=True)
     pl.add_argument("--d-model", type=int, default=512, help="positional, schedule: d_model")
     pl.add_argument("--max-len", type=int, default=100, help="positional: positions to draw")
+    pl.add_argument("--schedule", choices=SCHEDULE_NAMES, default="noam",
+                    help="schedule: which (as train --schedule)")
     pl.add_argument("--warmup", type=int, default=4000, help="schedule: warmup steps")
-    pl.add_argument("--factor", type=float, default=1.0, help="schedule: the lr's factor")
-    pl.add_argument("--steps", type=int, default=20000, help="schedule: steps to draw")
+    pl.add_argument("--lr", type=float,
+                    help="schedule: the peak learning rate (default: noam's peak with "
+                         "--factor)")
+    pl.add_argument("--factor", type=float, default=1.0, help="schedule: noam's factor")
+    pl.add_argument("--min-lr", type=float, help="schedule: cosine's last rate (default 0)")
+    pl.add_argument("--lr-end", type=float,
+                    help="schedule: polynomial's last rate (default 1e-7)")
+    pl.add_argument("--power", type=float, help="schedule: polynomial's power (default 1)")
+    pl.add_argument("--steps", type=int, default=20000,
+                    help="schedule: steps to draw, the schedule's length")
     pl.add_argument("--seed", type=int, default=0, help="attention: seed of the tiny model "
                                                           "(or vit-tiny)")
     add_quiet_arg(pl)

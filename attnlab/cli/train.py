@@ -1,45 +1,65 @@
-"""``attnlab train translate|lm|mlm|classify|image`` and ``attnlab average``: each builds a
-:class:`~attnlab.training.TrainConfig` from its flags and runs one recipe of
-:mod:`attnlab.training.recipes`; the report after training is :func:`common.report_run`."""
+"""``attnlab train translate|lm|mlm|electra|classify|image`` and ``attnlab average``: each
+builds a :class:`~attnlab.training.TrainConfig` from its flags and runs one recipe of
+:mod:`attnlab.training.recipes`; the report after training is
+:func:`attnlab.cli.training_options.report_run`."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 
 from attnlab.cli.common import (
     UsageError,
-    add_finetuning_args,
     add_model_arg,
     add_out_arg,
     add_preset_args,
     add_runtime_args,
+    preset_config,
+    runtime,
+)
+from attnlab.cli.training_options import (
+    add_finetuning_args,
+    add_schedule_args,
     add_training_layout_args,
     finetuning,
-    preset_config,
     report_run,
-    runtime,
+    schedule_from_args,
     training_layout,
-    warmup_steps,
 )
 
 
-def _train_config(args: argparse.Namespace, schedule, **fields):
-    """The fields every trainer shares, from the flags; ``fields`` add the family's own."""
+def _train_config(args: argparse.Namespace, schedule=None, **fields):
+    """The fields every trainer shares, from the flags; ``fields`` add the family's own. The
+    schedule is the flags' (:func:`schedule_from_args`) unless ``schedule`` is given."""
     from attnlab.training.schedule import schedule_to_dict
     from attnlab.training.trainer import TrainConfig
 
     text = getattr(args, "text", None)  # a missing input is named before the device line
     if isinstance(text, str) and text and not os.path.exists(text):
         raise UsageError(f"{text}: no such text file")
+    schedule = (schedule_from_args(args) if schedule is None else
+                schedule if isinstance(schedule, dict) else schedule_to_dict(schedule))
     device, precision = runtime(args, say=print)
     fields.setdefault("patience", args.patience)
     return TrainConfig(
         steps=args.steps, precision=precision, device=str(device), seed=args.seed,
-        save_every=args.save_every, time_budget=args.time_budget,
-        schedule=schedule_to_dict(schedule), progress=not args.no_progress,
-        **finetuning(args), **training_layout(args), **fields)
+        save_every=args.save_every, time_budget=args.time_budget, schedule=schedule,
+        accumulate=args.accumulate, progress=not args.no_progress, **finetuning(args),
+        **training_layout(args), **fields)
+
+
+def _quoted(text: str, limit: int = 40) -> str:
+    """``text`` as one shell word: its first line, at most ``limit`` characters."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return shlex.quote(line[:limit])
+
+
+def _head(path: str, size: int = 4096) -> str:
+    """The start of a text file (a suggestion of what to try reads no more)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read(size)
 
 
 NO_VALIDATION = ("no validation data: pass --valid-src/--valid-tgt or --holdout N to see "
@@ -51,15 +71,13 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
     from attnlab.data import load_corpus
     from attnlab.training import distributed
     from attnlab.training.recipes import TranslationRecipe, run
-    from attnlab.training.schedule import NoamSchedule
 
     if args.holdout is not None and args.holdout < 1:
         raise UsageError(f"--holdout must be >= 1, got {args.holdout}")
     model_config = preset_config(args, "encoder-decoder", "tiny, small, base or big")
     train_config = _train_config(
-        args, NoamSchedule(model_config.d_model, max(warmup_steps(args), 1),
-                           args.lr_factor),
-        max_tokens=args.max_tokens, accumulate=args.accumulate, compile=args.compile,
+        args, schedule_from_args(args, model_config.d_model, args.lr_factor),
+        max_tokens=args.max_tokens, compile=args.compile,
         keep_last=args.keep_last, label_smoothing=args.smoothing, eval_every=args.eval_every)
     corpus = load_corpus(args.task, args.src, args.tgt, n_train=args.n_train,
                          n_test=args.holdout, seed=args.seed, valid_src=args.valid_src,
@@ -90,7 +108,9 @@ def cmd_train_translate(args: argparse.Namespace) -> None:
             score = _exact_match_line if args.task == "numbers" else _bleu_line
             lines.append(score(model, done.tokenizers["source"], done.tokenizers["target"],
                                corpus.test))
-    report_run(args.out, done.history, lines=lines)
+    example = (corpus.test or corpus.train)[0][0]
+    report_run(args.out, done.history, lines=lines, budget_note=done.budget_note,
+               next_command=f"attnlab translate --model {args.out} {_quoted(example)}")
 
 
 def _exact_match_line(model, src_tok, tgt_tok, pairs: list[tuple[str, str]]) -> str:
@@ -124,12 +144,10 @@ def _bleu_line(model, src_tok, tgt_tok, pairs: list[tuple[str, str]]) -> str:
 
 def cmd_train_lm(args: argparse.Namespace) -> None:
     from attnlab.training.recipes import LMRecipe, run
-    from attnlab.training.schedule import CosineSchedule
 
     model_config = preset_config(args, "decoder", "gpt-mini or llama-mini")
     train_config = _train_config(
-        args, CosineSchedule(args.lr, warmup_steps(args), args.steps, args.min_lr),
-        accumulate=args.accumulate, compile=args.compile, keep_last=args.keep_last,
+        args, compile=args.compile, keep_last=args.keep_last,
         label_smoothing=0.0, optimizer="adamw", weight_decay=args.weight_decay,
         betas=(0.9, 0.95), eps=1e-8, eval_every=args.eval_every)
     if args.int4 and not args.lora:
@@ -138,17 +156,15 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     done = run(LMRecipe(args.text, args.block, args.batch, args.tokenizer, args.bpe_dir,
                         init=args.init, int4=args.int4),
                args.out, model_config, train_config, resume=args.resume)
-    report_run(args.out, done.history, "validation loss")
+    report_run(args.out, done.history, "validation loss", budget_note=done.budget_note,
+               next_command=f"attnlab generate --model {args.out} --prompt "
+                            f"{_quoted(_head(args.text), 12)} --max-new-tokens 200")
 
 
 def _bert_config(args: argparse.Namespace, **fields):
     """BERT's fine-tuning and pretraining optimiser: AdamW (0.9, 0.999, 1e-6), linear warmup
-    and decay."""
-    from attnlab.training.schedule import LinearSchedule
-
-    return _train_config(args, LinearSchedule(args.lr, warmup_steps(args), args.steps),
-                         accumulate=1,
-                         keep_last=2, label_smoothing=0.0, optimizer="adamw",
+    and decay (``--schedule``'s default)."""
+    return _train_config(args, keep_last=2, label_smoothing=0.0, optimizer="adamw",
                          weight_decay=args.weight_decay, betas=(0.9, 0.999), eps=1e-6,
                          eval_every=args.eval_every, **fields)
 
@@ -160,7 +176,28 @@ def cmd_train_mlm(args: argparse.Namespace) -> None:
     done = run(MLMRecipe(args.text, args.max_len, args.batch, args.tokenizer, args.vocab_size,
                          args.nsp), args.out, model_config, _bert_config(args),
                resume=args.resume)
-    report_run(args.out, done.history, "validation masked-LM loss")
+    pair = " ".join(_quoted(line) for line in _head(args.text).splitlines()[:2])
+    report_run(args.out, done.history, "validation masked-LM loss",
+               budget_note=done.budget_note,
+               next_command=f"attnlab embed --model {args.out} {pair}")
+
+
+def cmd_train_electra(args: argparse.Namespace) -> None:
+    from attnlab.training.electra import GENERATOR, ElectraRecipe
+    from attnlab.training.recipes import run
+
+    model_config = preset_config(args, "encoder", "electra-small or bert-mini")
+    recipe = ElectraRecipe(args.text, args.max_len, args.batch, args.tokenizer,
+                           args.vocab_size, generator_size=args.generator_size,
+                           rtd_weight=args.rtd_weight)
+    done = run(recipe, args.out, model_config, _bert_config(args), resume=args.resume)
+    r, out = done.results, Path(args.out)
+    report_run(args.out, done.history, "validation generator masked-LM loss",
+               [f"discriminator on {r['rtd_tokens']:,.0f} validation tokens: accuracy "
+                f"{r['rtd_accuracy']:.4f}; on the {r['rtd_replaced_share']:.1%} replaced "
+                f"{r['rtd_replaced_accuracy']:.4f}, on the originals "
+                f"{r['rtd_original_accuracy']:.4f}"],
+               where=f"discriminator in {out / 'final'}, generator in {out / GENERATOR}")
 
 
 def cmd_train_classify(args: argparse.Namespace) -> None:
@@ -168,14 +205,19 @@ def cmd_train_classify(args: argparse.Namespace) -> None:
     from attnlab.training.recipes import run
 
     recipe = ClassifyRecipe(args.data, args.text_field, args.label_field, args.init,
-                            args.max_len, args.batch, args.id_field)
+                            args.max_len, args.batch, args.id_field, pair_field=args.pair_field,
+                            truncation=args.truncation, pool=args.pool, stride=args.stride)
     done = run(recipe, args.out, None, _bert_config(args),
                resume=args.resume)
     r = done.results
     report_run(args.out, done.history, "validation loss",
                [f"{split}: accuracy {r[f'{split}_accuracy']:.4f}, macro-F1 "
                 f"{r[f'{split}_macro_f1']:.4f}" for split in ("val", "test")],
-               where=f"model in {Path(args.out) / 'final'}")
+               where=f"model in {Path(args.out) / 'final'}", budget_note=done.budget_note,
+               next_command=f"attnlab evaluate classify --model {args.out} --data {args.data} "
+                            f"--text-field {args.text_field} --label-field {args.label_field}"
+                            + (f" --id-field {args.id_field}" * (args.id_field != "id"))
+                            + " --split test")
 
 
 def cmd_train_ner(args: argparse.Namespace) -> None:
@@ -185,11 +227,14 @@ def cmd_train_ner(args: argparse.Namespace) -> None:
     recipe = NERRecipe(args.data, args.init, args.max_len, args.batch)
     done = run(recipe, args.out, None, _bert_config(args), resume=args.resume)
     r = done.results
+    conll = next(p for name in ("test.txt", "dev.txt", "train.txt")
+                 if (p := Path(args.data) / name).exists())
     report_run(args.out, done.history, "validation loss",
                [f"{split}: entity precision {r[f'{split}_precision']:.4f}, recall "
                 f"{r[f'{split}_recall']:.4f}, F1 {r[f'{split}_f1']:.4f}"
                 for split in ("dev", "test") if f"{split}_f1" in r],
-               where=f"model in {Path(args.out) / 'final'}")
+               where=f"model in {Path(args.out) / 'final'}", budget_note=done.budget_note,
+               next_command=f"attnlab evaluate ner --model {args.out} --data {conll}")
 
 
 def cmd_train_qa(args: argparse.Namespace) -> None:
@@ -204,18 +249,36 @@ def cmd_train_qa(args: argparse.Namespace) -> None:
     report_run(args.out, done.history, "validation loss",
                [f"held-out articles: exact match {r['exact_match']:.2f}, F1 {r['f1']:.2f} "
                 f"on {r['questions']:,} questions"],
-               where=f"model in {Path(args.out) / 'final'}")
+               where=f"model in {Path(args.out) / 'final'}", budget_note=done.budget_note,
+               next_command=f"attnlab evaluate qa --model {args.out} --data {args.data} "
+                            f"--articles {args.eval_articles}")
+
+
+def cmd_train_choice(args: argparse.Namespace) -> None:
+    from attnlab.tasks.choice.recipe import ChoiceRecipe
+    from attnlab.training.recipes import run
+
+    recipe = ChoiceRecipe(args.data, args.init, args.valid, args.max_len, args.batch,
+                          args.truncation)
+    done = run(recipe, args.out, None, _bert_config(args), resume=args.resume)
+    r = done.results
+    split, key, data = (("validation", "val", args.valid) if args.valid
+                        else ("training", "train", args.data))
+    report_run(args.out, done.history, "validation loss",
+               [f"{split} questions: accuracy {r[f'{key}_accuracy']:.4f} of "
+                f"{r['questions']:,}"],
+               where=f"model in {Path(args.out) / 'final'}", budget_note=done.budget_note,
+               next_command=f"attnlab evaluate choice --model {args.out} --data {data}")
 
 
 def cmd_train_image(args: argparse.Namespace) -> None:
     from attnlab.training.image import ImageRecipe
     from attnlab.training.recipes import run
-    from attnlab.training.schedule import CosineSchedule
 
     recipe = ImageRecipe(args.data, args.batch, args.crop)
     model_config = preset_config(args, "vision", "vit-tiny")
     train_config = _train_config(
-        args, CosineSchedule(args.lr, warmup_steps(args), args.steps), keep_last=2,
+        args, keep_last=2,
         label_smoothing=args.smoothing, optimizer="adamw", weight_decay=args.weight_decay,
         betas=(0.9, 0.999), eps=1e-8, eval_every=args.eval_every,
         stop_at_accuracy=args.stop_at_accuracy)
@@ -225,7 +288,9 @@ def cmd_train_image(args: argparse.Namespace) -> None:
                [f"trained {last['step']} steps in {last['time']:.1f} s"]
                + [f"{split}: accuracy {r[f'{split}_accuracy']:.4f}, macro-F1 "
                   f"{r[f'{split}_macro_f1']:.4f}" for split in ("val", "test")],
-               where=f"model in {Path(args.out) / 'final'}")
+               where=f"model in {Path(args.out) / 'final'}", budget_note=done.budget_note,
+               next_command=f"attnlab plot attention --image {args.data}:0 --model {args.out} "
+                            f"--out {Path(args.out) / 'attention.png'}")
 
 
 def cmd_average(args: argparse.Namespace) -> None:
@@ -259,9 +324,7 @@ def _run_args(p: argparse.ArgumentParser, out: str, steps: int, save_every: int 
 
 
 def _bert_args(p: argparse.ArgumentParser, lr: float, warmup: int, eval_every: int) -> None:
-    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
-    p.add_argument("--warmup", type=int, default=warmup,
-                   help="linear warmup steps")
+    add_schedule_args(p, "linear", lr, warmup)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--batch", type=int, default=32, help="sequences per step")
     p.add_argument("--max-len", type=int, default=128, help="tokens per sequence (at most)")
@@ -300,9 +363,11 @@ def add_commands(sub) -> None:
                     help="one shared BPE tokenizer.json for both sides (attnlab tokenize train)")
     add_preset_args(tt, "tiny")
     tt.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch per side")
-    tt.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
-    tt.add_argument("--warmup", type=int, default=4000)
-    tt.add_argument("--lr-factor", type=float, default=1.0)
+    add_schedule_args(tt, "noam", None, 4000,
+                      lr_help="peak learning rate (default: noam's, --lr-factor x (d_model x "
+                              "--warmup)^-0.5)")
+    tt.add_argument("--lr-factor", type=float, default=1.0,
+                    help="noam without --lr: the factor of its formula")
     tt.add_argument("--smoothing", type=float, default=0.1, help="label smoothing epsilon")
     tt.add_argument("--keep-last", type=int, default=5)
     tt.add_argument("--average-last", type=int, default=0, metavar="N",
@@ -332,10 +397,7 @@ def add_commands(sub) -> None:
     add_preset_args(lm, "gpt-mini")
     lm.add_argument("--block", type=int, default=64, help="context length in tokens")
     lm.add_argument("--batch", type=int, default=12, help="sequences per step")
-    lm.add_argument("--accumulate", type=int, default=1)
-    lm.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    lm.add_argument("--min-lr", type=float, default=1e-4)
-    lm.add_argument("--warmup", type=int, default=100)
+    add_schedule_args(lm, "cosine", 1e-3, 100, min_lr=1e-4)
     lm.add_argument("--weight-decay", type=float, default=0.1)
     lm.add_argument("--eval-every", type=int, default=500)
     lm.add_argument("--keep-last", type=int, default=3)
@@ -357,6 +419,26 @@ def add_commands(sub) -> None:
     _run_args(mlm, "runs/mlm", 2000)
     mlm.set_defaults(func=cmd_train_mlm)
 
+    el = kinds.add_parser(
+        "electra", help="ELECTRA pretraining: a discriminator detects a generator's tokens",
+        description="ELECTRA pretraining: a small generator learns masked-LM (15% of tokens "
+                    "selected, as train mlm) and the discriminator learns which tokens the "
+                    "generator's samples replaced; loss MLM + λ·RTD; embeddings shared. The "
+                    "data and optimiser are train mlm's. OUT/final is the discriminator, "
+                    "OUT/generator the generator.")
+    el.add_argument("--text", required=True, help="a UTF-8 text file, one sentence a line")
+    el.add_argument("--tokenizer", help="vocab.txt / tokenizer.json (default: learn WordPiece)")
+    el.add_argument("--vocab-size", type=int, default=8000, help="when learning WordPiece")
+    el.add_argument("--generator-size", type=float, default=0.25, metavar="F",
+                    help="the generator's hidden size, heads and feed-forward width as a "
+                         "fraction of the discriminator's")
+    el.add_argument("--rtd-weight", type=float, default=50.0, metavar="λ",
+                    help="weight of the replaced-token detection loss")
+    add_preset_args(el, "electra-small")
+    _bert_args(el, lr=5e-4, warmup=200, eval_every=500)
+    _run_args(el, "runs/electra", 2000)
+    el.set_defaults(func=cmd_train_electra)
+
     cl = kinds.add_parser(
         "classify", help="fine-tune a BERT classifier on labelled JSON lines",
         description="Fine-tune a [CLS] classifier from a pretrained encoder: AdamW, linear "
@@ -366,6 +448,17 @@ def add_commands(sub) -> None:
     cl.add_argument("--text-field", required=True, help="field with the text (or F1,F2)")
     cl.add_argument("--label-field", required=True, help="field with the label")
     cl.add_argument("--id-field", default="id", help="field hashed for the split")
+    cl.add_argument("--pair-field", metavar="FIELD",
+                    help="the second text of a pair: [CLS] text [SEP] pair [SEP] (RoBERTa: "
+                         "<s> text </s></s> pair </s>)")
+    cl.add_argument("--truncation", choices=["longest_first", "only_second"],
+                    default="longest_first", help="how a pair longer than --max-len is cut "
+                                                  "(as transformers' tokenizers)")
+    cl.add_argument("--pool", choices=["max", "mean"],
+                    help="read texts longer than --max-len in overlapping windows and pool "
+                         "their logits (default: cut them)")
+    cl.add_argument("--stride", type=int, metavar="N",
+                    help="tokens consecutive windows share (default: a quarter of a window)")
     cl.add_argument("--init", default="minilm",
                     help="encoder to start from: minilm, a HF BERT folder or an attnlab run")
     _bert_args(cl, lr=5e-5, warmup=60, eval_every=100)
@@ -410,6 +503,27 @@ def add_commands(sub) -> None:
     _run_args(qa, "runs/qa", 1000, patience=3)
     qa.set_defaults(func=cmd_train_qa)
 
+    ch = kinds.add_parser(
+        "choice", help="fine-tune an encoder to answer multiple-choice questions",
+        description="Fine-tune a multiple-choice head from a pretrained encoder on the JSON "
+                    "lines 'evaluate choice' reads (context, choices, answer): each choice "
+                    "read with its context as a pair, one logit from the pooled [CLS], the "
+                    "cross-entropy of the right one over the question's choices "
+                    "(BertForMultipleChoice); AdamW, linear warmup and decay, early stopping "
+                    "on --valid's loss.")
+    ch.add_argument("--data", required=True, help="questions to train on (.jsonl)")
+    ch.add_argument("--valid", metavar="FILE",
+                    help="questions to validate on (default: none; the accuracy after "
+                         "training is then on --data)")
+    ch.add_argument("--model", "--init", dest="init", default="minilm",
+                    help="encoder to start from: minilm, a HF BERT folder or an attnlab run")
+    ch.add_argument("--truncation", choices=["longest_first", "only_second"],
+                    default="longest_first", help="how a pair longer than --max-len is cut")
+    _bert_args(ch, lr=5e-5, warmup=50, eval_every=100)
+    ch.set_defaults(batch=16)
+    _run_args(ch, "runs/choice", 500, patience=3)
+    ch.set_defaults(func=cmd_train_choice)
+
     im = kinds.add_parser(
         "image", help="train a Vision Transformer image classifier",
         description="Train a ViT from scratch: AdamW (weight decay on matrices only), linear "
@@ -420,8 +534,7 @@ def add_commands(sub) -> None:
     im.add_argument("--data", required=True, help="the images: digits")
     add_preset_args(im, "vit-tiny")
     im.add_argument("--batch", type=int, default=64, help="images per step")
-    im.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    im.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
+    add_schedule_args(im, "cosine", 1e-3, 100)
     im.add_argument("--weight-decay", type=float, default=0.05)
     im.add_argument("--smoothing", type=float, default=0.1, help="label smoothing epsilon")
     im.add_argument("--crop", type=int, default=0, metavar="PIXELS",

@@ -65,6 +65,13 @@ def check_decoding(ids: Tensor, max_new_tokens: int, temperature: float, top_k: 
                        f"{tuple(ids.shape)}")
     if max_new_tokens < 0:
         raise BadInput(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    check_sampling(temperature, top_k, top_p, repetition_penalty)
+
+
+def check_sampling(temperature: float, top_k: int | None = None, top_p: float | None = None,
+                   repetition_penalty: float = 1.0) -> None:
+    """The settings of :func:`next_tokens` (every decoding loop that samples checks these);
+    each message starts with the keyword's name, which the CLI turns into its flag."""
     if not temperature >= 0:  # also catches NaN
         raise BadInput(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if temperature != 0 and not MIN_TEMPERATURE <= temperature < float("inf"):

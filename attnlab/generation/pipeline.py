@@ -4,7 +4,9 @@ decoder-only model and the decoding options, then used for every prompt.
     prepare   the device and precision, the model on the CPU engine (``attnlab.cpu``),
               the compiled one-token step if asked
     check     the prompt and the sampling settings, before anything is printed
-    decode    ``generate`` (or speculative decoding), one sampling step a token
+    decode    ``generate`` (or speculative decoding), one sampling step a token; or beam search
+              (``beam`` > 1: :func:`~attnlab.generation.beam.beam_generate`, the best
+              hypothesis written when the search ends)
     stream    the reply's text as it grows, held back at a partial character or stop string
               (:class:`TextStream`, :class:`StopStream`: ``serve`` sends the same pieces)
     time      the load, compile, prompt and generated rates, as llama.cpp counts them
@@ -34,7 +36,9 @@ if TYPE_CHECKING:
 class DecodingOptions:
     """What a decoding command asks for. ``precision`` None or "auto": the hardware decides;
     ``bits`` 4 or 8: integer weight matrices (on the CPU); ``rows``: sequences decoded
-    together (a server's batch); ``kv_cache``: the KV cache's dtype."""
+    together (a server's batch); ``kv_cache``: the KV cache's dtype; ``beam`` > 1: beam search
+    with that many beams and the length penalty ``penalty`` of exponent ``alpha``
+    (transformers' by default)."""
 
     device: str = "auto"
     precision: str | None = None
@@ -47,6 +51,9 @@ class DecodingOptions:
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float = 1.0
+    beam: int = 1
+    alpha: float = 1.0
+    penalty: str = "average"
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,11 @@ class Decoding:
         prompt = ids if isinstance(ids, Tensor) else torch.tensor([ids])
         check_decoding(prompt, o.max_new_tokens, o.temperature, o.top_k, o.top_p,
                        o.repetition_penalty)
+        if o.beam != 1:
+            from attnlab.generation.beam import check_beam, check_beam_generate
+
+            check_beam(o.beam, o.alpha, o.penalty)
+            check_beam_generate(self.model.config, prompt.shape[1], o.max_new_tokens)
 
     def decode(self, ids: list[int], stops: list[str] = (), stop_ids: list[int] = (),
                eos_id: int | None = None, generator: torch.Generator | None = None,
@@ -194,6 +206,8 @@ class Decoding:
             else:
                 speculation = speculative_generate(self.model, draft, prompt, o.max_new_tokens,
                                                    draft_tokens, eos_id=eos_id, on_token=chunk)
+        elif o.beam != 1:
+            self._beam(prompt, eos_id, stream)
         else:
             try:
                 generate(self.model, prompt, o.max_new_tokens, temperature=o.temperature,
@@ -207,6 +221,20 @@ class Decoding:
         text = stream.finish()
         return Reply(text, len(ids), begun, stream.ticks, self._compiled_since(compiled_before),
                      speculation)
+
+    def _beam(self, prompt: Tensor, eos_id: int | None, stream: StopStream) -> None:
+        """Beam search: no text until the search ends (any hypothesis may still win), then the
+        best one, to its eos, at once; ``stream.ticks`` holds when each step ended."""
+        from attnlab.generation.beam import beam_generate
+
+        o, ticks = self.options, []
+        out = beam_generate(self.model, prompt, o.max_new_tokens, o.beam, o.alpha, o.penalty,
+                            eos_id=eos_id, on_step=lambda: ticks.append(time.perf_counter()))
+        new = out[:, prompt.shape[1]:]
+        if eos_id is not None and bool((new == eos_id).any()):
+            new = new[:, : int((new[0] == eos_id).int().argmax()) + 1]  # the filler after it
+        stream(new)
+        stream.ticks = ticks
 
     def _compiled_since(self, before: float) -> float:
         return 0.0 if self.compiled is None else self.compiled.compile_seconds - before

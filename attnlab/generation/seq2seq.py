@@ -1,7 +1,10 @@
-"""Translation with an encoder–decoder: batched greedy decoding, ``translate`` (greedy or beam,
-batched by length), exact match, and the cross-attention of one translation.
+"""Translation with an encoder–decoder: batched greedy decoding and sampling, ``translate``
+(greedy, sampled or beam search, batched by length), exact match, and the cross-attention of
+one translation.
 
-    y_t = argmax_v p(v | y_<t, x)
+    greedy:   y_t = argmax_v p(v | y_<t, x)
+    sampled:  y_t ~ softmax(filter(logits) / T)    (the sampling step of ``generate``,
+                                                    :func:`attnlab.generation.decode.next_tokens`)
 
 The encoder runs once; with ``use_cache`` each step feeds only the newest token and the
 decoder's KV cache supplies the rest (cross-attention keys/values are computed at the first
@@ -37,6 +40,31 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
     logits of each step ``(batch, out_len - 1, vocab)``. ``compiled``: every step after the
     first runs through that compiled one-token step (``generation/compiled.py``).
     """
+    return _decode(model, src_ids, max_len, use_cache, return_logits, compiled,
+                   lambda logits: logits.argmax(-1))
+
+
+@torch.no_grad()
+def sample_decode(model: Transformer, src_ids: Tensor, temperature: float,
+                  top_k: int | None = None, top_p: float | None = None,
+                  generator: torch.Generator | None = None, max_len: int | None = None,
+                  compiled: CompiledStep | None = None) -> Tensor:
+    """:func:`greedy_decode`'s loop with each token drawn by ``generate``'s sampling step
+    (:func:`~attnlab.generation.decode.next_tokens`: softmax of the top-k / top-p filtered
+    logits over ``temperature``, ``torch.multinomial`` with ``generator``, one draw for every
+    row of the batch a step); ``temperature`` 0 is greedy decoding. Pad is never drawn."""
+    from attnlab.generation.decode import check_sampling, next_tokens
+
+    check_sampling(temperature, top_k, top_p)
+    return _decode(model, src_ids, max_len, True, False, compiled,
+                   lambda logits: next_tokens(logits.float(), temperature, top_k, top_p,
+                                              generator))
+
+
+def _decode(model: Transformer, src_ids: Tensor, max_len: int | None, use_cache: bool,
+            return_logits: bool, compiled: CompiledStep | None, choose):
+    """The loop of :func:`greedy_decode` and :func:`sample_decode`; ``choose(logits)`` picks
+    each row's next token from logits in which pad is −inf."""
     decoding_kernels_(model)  # integer layers and one-query steps on the CPU kernels
     if compiled is not None and not use_cache:
         raise ValueError("a compiled step decodes with the cache (use_cache=True)")
@@ -65,7 +93,7 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
             logits = model.decode(step_input, memory, src_mask, cache=cache)[:, -1]
         if return_logits:
             all_logits.append(logits)
-        next_token = logits.masked_fill(pad_column, float("-inf")).argmax(-1)
+        next_token = choose(logits.masked_fill(pad_column, float("-inf")))
         next_token = next_token.masked_fill(done, cfg.pad_id)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         done |= next_token == cfg.eos_id
@@ -79,11 +107,19 @@ def greedy_decode(model: Transformer, src_ids: Tensor, max_len: int | None = Non
 @torch.no_grad()
 def translate(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, sentences: list[str],
               batch_size: int = 256, max_len: int | None = None, beam_size: int = 1,
-              alpha: float = 0.6, compiled: CompiledStep | None = None) -> list[str]:
-    """Translations of ``sentences``: greedy (``beam_size=1``) or beam search with the GNMT
-    length penalty α. Sentences are batched by length (less padding), answers keep the input
-    order. ``compiled``: decode with that compiled step; each batch's source is then padded
-    to a multiple of ``SOURCE_BUCKET`` tokens, so that few source lengths compile a graph."""
+              alpha: float = 0.6, compiled: CompiledStep | None = None,
+              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+              generator: torch.Generator | None = None) -> list[str]:
+    """Translations of ``sentences``: greedy (``beam_size=1``), beam search with the GNMT
+    length penalty α, or, with ``temperature`` > 0, one sampled translation each
+    (:func:`sample_decode`: ``top_k``, ``top_p`` and ``generator`` as ``generate`` takes
+    them). Sentences are batched by length (less padding), answers keep the input order.
+    ``compiled``: decode with that compiled step; each batch's source is then padded to a
+    multiple of ``SOURCE_BUCKET`` tokens, so that few source lengths compile a graph."""
+    sampling = temperature != 0  # (sample_decode refuses a negative or NaN one)
+    if sampling and beam_size != 1:
+        raise BadInput(f"sampling (temperature {temperature}) draws one translation; beam "
+                       f"search of beam size {beam_size} does not sample: use one of them")
     model.eval()
     ids = [src_tok.encode(s, add_eos=True) for s in sentences]
     model.config.check_length(max(map(len, ids), default=0), "input")
@@ -98,7 +134,10 @@ def translate(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, senten
             width = min(-(-src.shape[1] // SOURCE_BUCKET) * SOURCE_BUCKET, model.config.max_len)
             src = torch.nn.functional.pad(src, (0, width - src.shape[1]),
                                           value=model.config.pad_id)
-        if beam_size == 1:
+        if sampling:
+            tokens = sample_decode(model, src, temperature, top_k, top_p, generator,
+                                   max_len=limit, compiled=compiled)
+        elif beam_size == 1:
             tokens = greedy_decode(model, src, max_len=limit, compiled=compiled)
         else:
             from attnlab.generation.beam import beam_search

@@ -4,6 +4,7 @@ from attnlab.interop import (  # noqa: F401  (register families)
     hf_bert,
     hf_decoders,
     hf_encoders,
+    hf_longformer,
     hf_marian,
     hf_t5,
     hf_vit,

@@ -25,7 +25,7 @@ from attnlab.interop.huggingface import (
 
 _CLASSES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForPreTraining": "pretraining",
             "BertForSequenceClassification": "classify", "BertForTokenClassification": "tokens",
-            "BertForQuestionAnswering": "qa"}
+            "BertForQuestionAnswering": "qa", "BertForMultipleChoice": "choice"}
 _HEADS = {head: cls for cls, head in _CLASSES.items()}
 
 # transformers' BertConfig defaults, for fields a config.json may leave out
@@ -139,7 +139,8 @@ def require_bert_shape(c: ModelConfig, cls: str) -> None:
     positions, a normed embedding sum, separate Q/K/V projections scaled by 1/√d_k."""
     require(c, cls, positional="learned", norm="layernorm", norm_placement="post",
             use_final_norm=False, bias=True, embedding_norm=True, fused_qkv=False,
-            scale_attention=True, head_dim=None, kv_heads=c.n_heads, scale_embeddings=False)
+            scale_attention=True, head_dim=None, kv_heads=c.n_heads, scale_embeddings=False,
+            attention_window=lambda w: w is None or cls.startswith("Longformer"))
 
 
 def bert_to_config(hf: dict) -> ModelConfig:
@@ -165,7 +166,7 @@ def bert_weights(c: ModelConfig):
     p = "" if c.head == "none" else "bert."
     rows = embedding_rows(f"{p}embeddings")
     rows += linear_rows(BERT_LAYER, "encoder.layers.{i}.", f"{p}encoder.layer.{{i}}.")
-    if c.head in ("none", "pretraining", "classify"):
+    if c.head in POOLED_HEADS:
         rows += linear_rows([("pooler", f"{p}pooler.dense")])
     if c.head in ("mlm", "pretraining"):
         t = "cls.predictions.transform"
@@ -174,7 +175,7 @@ def bert_weights(c: ModelConfig):
                  ("mlm.bias", "cls.predictions.bias")]
     if c.head == "pretraining":
         rows += linear_rows([("nsp", "cls.seq_relationship")])
-    if c.head in ("classify", "tokens"):
+    if c.head in ("classify", "tokens", "choice"):  # choice: one logit, Linear(d, 1)
         rows += linear_rows([("classifier", "classifier")])
     if c.head == "qa":
         rows += linear_rows([("qa", "qa_outputs")])

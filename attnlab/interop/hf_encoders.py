@@ -65,11 +65,11 @@ _ELECTRA_DEFAULTS = dict(vocab_size=30522, embedding_size=128, hidden_size=256,
 _CLASSES = {
     "roberta": {"RobertaModel": "none", "RobertaForMaskedLM": "mlm",
                 "RobertaForSequenceClassification": "classify",
-                "RobertaForTokenClassification": "tokens"},
+                "RobertaForTokenClassification": "tokens", "RobertaForMultipleChoice": "choice"},
     "albert": {"AlbertModel": "none", "AlbertForMaskedLM": "mlm",
                "AlbertForPreTraining": "pretraining",
                "AlbertForSequenceClassification": "classify",
-               "AlbertForTokenClassification": "tokens"},
+               "AlbertForTokenClassification": "tokens", "AlbertForMultipleChoice": "choice"},
     "distilbert": {"DistilBertModel": "none", "DistilBertForMaskedLM": "mlm",
                    "DistilBertForTokenClassification": "tokens"},
     "electra": {"ElectraModel": "none", "ElectraForPreTraining": "discriminator",
@@ -141,14 +141,14 @@ def roberta_weights(c: ModelConfig):
     p = "" if c.head == "none" else "roberta."
     rows = embedding_rows(f"{p}embeddings")
     rows += linear_rows(BERT_LAYER, "encoder.layers.{i}.", f"{p}encoder.layer.{{i}}.")
-    if c.head == "none":
+    if c.head in ("none", "choice"):  # the multiple-choice head reads RoBERTa's own pooler
         rows += linear_rows([("pooler", f"{p}pooler.dense")])
     if c.head == "mlm":
         rows += linear_rows([("mlm.dense", "lm_head.dense"), ("mlm.norm", "lm_head.layer_norm")])
         rows += [("mlm.weight", "lm_head.decoder.weight"), ("mlm.bias", "lm_head.bias")]
     if c.head == "classify":  # dense + tanh on <s>, then out_proj: BERT's pooler + classifier
         rows += linear_rows([("pooler", "classifier.dense"), ("classifier", "classifier.out_proj")])
-    if c.head == "tokens":
+    if c.head in ("tokens", "choice"):
         rows += linear_rows([("classifier", "classifier")])
     return [(ours, theirs, False) for ours, theirs in rows]
 
@@ -194,7 +194,7 @@ def albert_weights(c: ModelConfig):
     # the shared layer once: encoder.layers.1, 2, ... are other names for the same tensors
     rows += linear_rows(ALBERT_LAYER, "encoder.layers.0.",
                         f"{p}encoder.albert_layer_groups.0.albert_layers.0.")
-    if c.head in ("none", "pretraining", "classify"):
+    if c.head in ("none", "pretraining", "classify", "choice"):
         rows += linear_rows([("pooler", f"{p}pooler")])
     if c.head in ("mlm", "pretraining"):
         rows += linear_rows([("mlm.dense", "predictions.dense"),
@@ -202,7 +202,7 @@ def albert_weights(c: ModelConfig):
         rows += [("mlm.weight", "predictions.decoder.weight"), ("mlm.bias", "predictions.bias")]
     if c.head == "pretraining":  # sentence-order prediction on the pooled vector
         rows += linear_rows([("nsp", "sop_classifier.classifier")])
-    if c.head in ("classify", "tokens"):
+    if c.head in ("classify", "tokens", "choice"):
         rows += linear_rows([("classifier", "classifier")])
     return [(ours, theirs, False) for ours, theirs in rows]
 

@@ -94,12 +94,16 @@ TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_star
 
 def checked_token_ids(hf: dict) -> dict:
     """``hf`` with its special token ids checked, before a family reads them: null or absent
-    (the family's default), a whole number in [0, 2^63), or a list of them (Llama 3's several
-    eos ids). A negative ``pad_token_id`` means none, as early Llama conversions write it
-    (-1); any other id out of range is one ``BadInput`` naming the field. Ids past the
-    vocabulary pass: transformers' own GPT2Config writes bos = eos = 50256 over any
-    vocab_size, and runs such a model."""
+    (the family's default), a token id of the model's vocabulary (below ``vocab_size``, or
+    the decoder's where it is larger), or a list of them (Llama 3's several eos ids). A
+    negative ``pad_token_id`` means none, as early Llama conversions write it (-1); any other
+    id out of range is one ``BadInput`` naming the field. transformers' GPT2Config writes
+    bos = eos = 50256 over any vocab_size; such an id is refused here, because the model could
+    never emit it and embedding it (a bos or a pad) reads past the table."""
     hf = dict(hf)
+    sizes = [hf.get(k) for k in ("vocab_size", "decoder_vocab_size")]
+    sizes = [n for n in sizes if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    vocab = max(sizes) if sizes else None
     for field in TOKEN_ID_FIELDS:
         value = hf.get(field)
         if field == "pad_token_id" and isinstance(value, int) and value < 0:
@@ -108,9 +112,9 @@ def checked_token_ids(hf: dict) -> dict:
             if not value:  # a family would read its first id
                 raise BadInput(f"{field}=[]: expected a token id or a list of them")
             for item in value:
-                check_token_id(item, None, field)
+                check_token_id(item, vocab, field)
         elif value is not None:
-            check_token_id(value, None, field)
+            check_token_id(value, vocab, field)
     return hf
 
 
@@ -278,6 +282,8 @@ def default_type(config: ModelConfig) -> str:
             return "gpt2"
         return "llama" if config.sliding_window is None else "mistral"
     if config.arch == "encoder":  # the knob each descendant alone turns
+        if config.attention_window is not None:
+            return "longformer"
         if config.position_offset:
             return "roberta"
         if config.share_layers:

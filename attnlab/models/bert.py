@@ -15,6 +15,8 @@ norm on the embedding sum; the descendants differ only in knobs of the config:
                      (RoBERTa: offset = pad_id + 1); 0: pos = 0, 1, …
     type_vocab_size  0: no segment embedding S (DistilBERT)
     pooler           False: no tanh pooler (DistilBERT, ELECTRA)
+    attention_window each layer attends a band of W tokens and the global tokens, which have
+                     projections of their own (Longformer: nn/longformer.py)
 
 The heads (``config.head``):
 
@@ -23,6 +25,9 @@ The heads (``config.head``):
     pretraining    the mlm logits and W_n · pooled   (batch, 2): next-sentence (ALBERT:
                    sentence-order) prediction
     classify       W_c · Dropout(pooled)             (batch, num_labels): sequence labels
+    choice         w_c · Dropout(pooled) + b_c       ids (batch, choices, seq) read as
+                   batch·choices sequences, one logit each, then (batch, choices): a
+                   multiple-choice question, each choice paired with its context
     tokens         W_c · Dropout(h)                  (batch, seq, num_labels): tagging
     qa             W_s · h  split into start, end    (batch, seq) each: extractive question
                    answering's span logits (an answer runs from argmax start to end)
@@ -42,6 +47,7 @@ from attnlab.config import POOLED_HEADS, ModelConfig
 from attnlab.errors import BadInput
 from attnlab.nn import Encoder, LayerNorm, TokenEmbedding, build_norm, build_positional
 from attnlab.nn.feedforward import ACTIVATIONS
+from attnlab.nn.longformer import LongformerMask, LongformerSelfAttention
 from attnlab.nn.packing import Packing
 
 
@@ -95,11 +101,14 @@ class BERT(nn.Module):
         # ALBERT's embedding_hidden_mapping_in, ELECTRA's embeddings_project
         self.embed_proj = nn.Linear(e, d) if config.embedding_size else None
         self.encoder = Encoder(config)  # config.share_layers: one layer object, N times
+        for i, window in enumerate(config.attention_windows or []):  # Longformer's band
+            self.encoder.layers[i].self_attn = LongformerSelfAttention(
+                d, config.n_heads, window, config.bias, config.attention_dropout)
         self.pooler = nn.Linear(d, d) if config.pooler and head in POOLED_HEADS else None
         self.mlm = MLMHead(config, self.embed.weight) if head in ("mlm", "pretraining") else None
         self.nsp = nn.Linear(d, 2) if head == "pretraining" else None
         self.classifier = (nn.Linear(d, config.num_labels) if head in ("classify", "tokens")
-                           else None)
+                           else nn.Linear(d, 1) if head == "choice" else None)
         self.discriminator = DiscriminatorHead(config) if head == "discriminator" else None
         self.qa = nn.Linear(d, 2) if head == "qa" else None  # transformers' qa_outputs
         self.head_dropout = nn.Dropout(config.dropout)
@@ -145,11 +154,13 @@ class BERT(nn.Module):
         return x if self.embed_proj is None else self.embed_proj(x)
 
     def encode(self, ids: Tensor, token_type_ids: Tensor | None = None,
-               attention_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+               attention_mask: Tensor | None = None, need_weights: bool = False,
+               global_attention_mask: Tensor | None = None) -> Tensor:
         """Contextual vectors ``(batch, seq, d_model)`` for ``ids (batch, seq)``.
 
         ``attention_mask (batch, seq)``: True/1 at real tokens, False/0 at padding; padded keys
         get no attention (the mask's rows broadcast over queries and heads).
+        ``global_attention_mask (batch, seq)``: a Longformer's global tokens (True/1).
         """
         offset = self.config.position_offset  # RoBERTa's first rows of P belong to no token
         if offset and ids.shape[1] + offset > self.config.max_len:
@@ -164,6 +175,8 @@ class BERT(nn.Module):
         # are then zeros, which no loss reads (the span loss leaves padding out of its
         # softmax); inference keeps the padded layout, whose padded rows match transformers'
         packing = Packing.of(attention_mask) if self.training and not need_weights else None
+        if self.config.attention_window is not None:  # Longformer: the band and global tokens
+            mask, packing = LongformerMask.of(ids, attention_mask, global_attention_mask), None
         return self.encoder(x, mask=mask, positional=self.positional, positions=positions,
                             need_weights=need_weights, packing=packing)
 
@@ -175,16 +188,27 @@ class BERT(nn.Module):
 
     def forward(self, ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, need_weights: bool = False,
-                masked_positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                masked_positions: Tensor | None = None,
+                global_attention_mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """The head's output (module docstring); ``(mlm, nsp)`` logits for ``pretraining``,
-        ``(start, end)`` for ``qa``.
+        ``(start, end)`` for ``qa``; for ``choice`` the inputs are ``(batch, choices, seq)``.
 
         ``masked_positions (batch, seq)`` bool: the mlm logits only where it is True,
         ``(n_selected, vocab)`` — pretraining predicts ~15% of positions, so the vocabulary
-        projection (the largest matmul) shrinks ~7x.
+        projection (the largest matmul) shrinks ~7x. ``global_attention_mask``: a Longformer's
+        global tokens; None: :meth:`default_global`.
         """
-        h = self.encode(ids, token_type_ids, attention_mask, need_weights)
         head = self.config.head
+        if global_attention_mask is None:
+            global_attention_mask = self.default_global(ids)
+        if head == "choice":  # every (context, choice) pair on its own, as one sequence
+            shape = ids.shape[:2]
+            ids, token_type_ids, attention_mask = (
+                None if t is None else t.flatten(0, 1)
+                for t in (ids, token_type_ids, attention_mask))
+            h = self.encode(ids, token_type_ids, attention_mask, need_weights)
+            return self.classifier(self.head_dropout(self.pool(h))).view(shape)
+        h = self.encode(ids, token_type_ids, attention_mask, need_weights, global_attention_mask)
         if head == "none":
             return h
         if head in ("mlm", "pretraining"):
@@ -198,6 +222,19 @@ class BERT(nn.Module):
             start, end = self.qa(h).unbind(-1)
             return start, end
         return self.classifier(self.head_dropout(h))  # tokens
+
+    def default_global(self, ids: Tensor) -> Tensor | None:
+        """A Longformer's global tokens when none are given, as transformers chooses them
+        for the head: [CLS] for ``classify``, the question (every token before the first
+        separator, ``eos_id``) for ``qa``; otherwise none (and none without a window)."""
+        head = self.config.head
+        if self.config.attention_window is None or head not in ("classify", "qa"):
+            return None
+        position = torch.arange(ids.shape[1], device=ids.device)[None]
+        if head == "classify":
+            return (position == 0).expand_as(ids)
+        sep = ids == self.config.eos_id
+        return position < torch.where(sep.any(1), sep.int().argmax(1), 0)[:, None]
 
     def components(self) -> OrderedDict[str, list[nn.Module]]:
         embeddings = [m for m in (self.embed, self.positional, self.segment, self.embed_norm,
@@ -222,7 +259,11 @@ def _check(config: ModelConfig) -> None:
         # the factorised models add learned positions in E dims; a rotation acts on the heads
         raise BadInput(f"config: embedding_size needs positional='learned', got "
                        f"{config.positional!r}")
-    if not config.pooler and config.head in ("pretraining", "classify"):
+    if config.attention_window is not None and (config.share_layers or config.pruned_heads
+                                                or config.positional in ("rope", "alibi")):
+        raise BadInput("config: attention_window (Longformer) needs a layer of its own each, "
+                       "unpruned, and positions added to the embeddings")
+    if not config.pooler and config.head in ("pretraining", "classify", "choice"):
         raise BadInput(f"config: head={config.head!r} reads the pooled [CLS] vector, but "
                        "pooler=False")
 

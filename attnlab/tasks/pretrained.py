@@ -30,7 +30,8 @@ def from_encoder(config: ModelConfig, base: nn.Module, init: str) -> nn.Module:
     """A model of ``config`` (an encoder with a new head) whose encoder (and pooler, when it
     has one) is copied from ``base``; the new head starts at N(0, 0.02)."""
     model = build_model(config)
-    heads = ("mlm.", "nsp.", "classifier.", "qa.") + (() if model.pooler else ("pooler.",))
+    heads = ("mlm.", "nsp.", "classifier.", "qa.", "discriminator.") + (
+        () if model.pooler else ("pooler.",))
     state = {k: v for k, v in base.state_dict().items() if not k.startswith(heads)}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or any(not k.startswith(("pooler.", "classifier.", "qa.")) for k in missing):

@@ -38,6 +38,9 @@ from attnlab.tokenizers.base import Tokenizer
 from attnlab.tokenizers.bpe import backend_from_str
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# how a pair longer than its limit is cut, as transformers' tokenizers name it: a token at a
+# time from the longer of the two texts, or from the second only
+PAIR_TRUNCATIONS = ("longest_first", "only_second")
 
 
 def learn_wordpiece(words: dict[str, int], size: int,
@@ -227,9 +230,24 @@ class WordPieceTokenizer(Tokenizer):
         template (as :meth:`batch` and :meth:`encode_pair` are)."""
         return self.backend.encode(text).ids
 
-    def encode_pair(self, a: str, b: str) -> tuple[list[int], list[int]]:
-        """``[CLS] a [SEP] b [SEP]`` and its token types."""
-        enc = self.backend.encode(a, b)
+    def encode_pair(self, a: str, b: str, max_len: int | None = None,
+                    truncation: str = "longest_first") -> tuple[list[int], list[int]]:
+        """``[CLS] a [SEP] b [SEP]`` (RoBERTa: ``<s> a </s></s> b </s>``) and its token types;
+        with ``max_len``, cut to it as transformers' tokenizers cut a pair: ``longest_first``
+        takes a token at a time from the longer text, ``only_second`` only from ``b``."""
+        if max_len is None:
+            enc = self.backend.encode(a, b)
+            return enc.ids, enc.type_ids
+        if truncation not in PAIR_TRUNCATIONS:
+            raise BadInput(f"truncation {truncation!r} is not one of {', '.join(PAIR_TRUNCATIONS)}")
+        self.backend.enable_truncation(max_len, strategy=truncation)
+        try:
+            enc = self.backend.encode(a, b)
+        except Exception as e:  # the tokenizers library's: the second text cannot give enough
+            raise BadInput(f"a pair of {max_len} tokens at most cannot be cut {truncation} "
+                           f"({e})") from None
+        finally:
+            self.backend.no_truncation()
         return enc.ids, enc.type_ids
 
     def batch(self, texts: list[str], pairs: list[str] | None = None,

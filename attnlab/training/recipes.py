@@ -74,6 +74,7 @@ class TrainedRun:
     tokenizers: dict[str, Tokenizer]
     history: list[dict[str, float]]
     results: dict[str, float]
+    budget_note: str | None = None  # with a time budget: the plan it made, in one line
 
 
 class Recipe:
@@ -140,7 +141,7 @@ def _run(recipe: Recipe, out_dir: Path, rank: int, model_config: ModelConfig,
     results = recipe.finish(model, prepared, out_dir, rank)
     if model.config.adapter and rank == 0:  # the adapter alone, as peft writes it
         peft.save_adapter(model, out_dir / "adapter", str(train_config.adapter.get("base", "")))
-    return TrainedRun(model.eval(), prepared.tokenizers, history, results)
+    return TrainedRun(model.eval(), prepared.tokenizers, history, results, trainer.budget_note)
 
 
 def _adapter_summary(model: nn.Module) -> str:
@@ -202,6 +203,16 @@ class TranslationRecipe(Recipe):
                         val_batches=TranslationBatches(
                             val_src, val_tgt, train_config.max_tokens,
                             pad_id=config.pad_id).one_pass() or None)
+
+
+def special_ids(tok: Tokenizer, config: ModelConfig) -> dict[str, int]:
+    """The model's special ids from its tokenizer's; one the tokenizer lacks keeps the
+    config's, moved inside the vocabulary (its last id) when it lies past it."""
+    ids = {}
+    for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
+        mine = getattr(tok, name)
+        ids[name] = mine if mine is not None else min(getattr(config, name), tok.vocab_size - 1)
+    return ids
 
 
 def _encode_pairs(pairs: list[tuple[str, str]], src_tok: Tokenizer, tgt_tok: Tokenizer,
@@ -270,7 +281,8 @@ class LMRecipe(Recipe):
         else:
             config = dataclasses.replace(model_config, vocab_size=tok.vocab_size,
                                          max_len=max(model_config.max_len, self.block),
-                                         block_size=self.block)  # generation keeps within it
+                                         block_size=self.block,  # generation keeps within it
+                                         **special_ids(tok, model_config))
         build.check_training_memory(config, self.batch_size, self.block,
                                     f"--block {self.block} --batch {self.batch_size}",
                                     train_config.device_for_memory)

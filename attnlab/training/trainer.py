@@ -11,7 +11,9 @@ Each optimizer step:
 
 Every ``eval_every`` steps a validation pass gives the loss (and, for a task that classifies,
 the accuracy); training stops early after ``patience`` passes without a better loss, or at the
-first pass whose accuracy reaches ``stop_at_accuracy``, or when ``time_budget`` is spent.
+first pass whose accuracy reaches ``stop_at_accuracy``, or when ``time_budget`` is spent. A run
+with a time budget times its first steps and replans: the run and its schedule end at the step
+count that fits (:class:`~attnlab.training.schedule.BudgetPlan`).
 
 Checkpoints hold everything a resumed run needs to continue *exactly*: weights, optimizer
 moments, RNG states, data position and step.
@@ -47,7 +49,12 @@ from attnlab.training import distributed, parallel, sharded
 from attnlab.training.checkpoint import last_good, load_trainer_state, save_checkpoint
 from attnlab.training.guard import StopSignals
 from attnlab.training.objectives import classification_metrics, evaluate
-from attnlab.training.schedule import schedule_from_dict
+from attnlab.training.schedule import (
+    BudgetPlan,
+    replanned,
+    schedule_from_dict,
+    schedule_to_dict,
+)
 from attnlab.training.train_config import TrainConfig, build_optimizer
 
 
@@ -92,7 +99,10 @@ class Trainer:
     ``task`` (:mod:`attnlab.training.objectives`) says how a batch becomes a loss. Each validation
     pass (``val_batches``, every ``eval_every`` steps) is one line through ``log`` on rank 0,
     above the progress bar: ``step 250: val loss 2.5712 (best 2.5712)``, and for a task that
-    classifies (one with ``logits``) ``, accuracy 0.9653``."""
+    classifies (one with ``logits``) ``, accuracy 0.9653``. With a time budget, ``total`` and
+    ``schedule`` become the plan's and ``budget_note`` says what the budget did."""
+
+    clock = staticmethod(time.perf_counter)  # the seconds a time budget counts (tests fake it)
 
     def __init__(self, model: nn.Module, batches, config: TrainConfig, out_dir: str | Path,
                  tokenizers: dict[str, dict], model_config, task, val_batches=None, log=print):
@@ -119,6 +129,8 @@ class Trainer:
         self.trained, self.train_model = placed.trained, placed.train_model
         self.batches = batches.shard(self.layout.dp_rank, self.plan.dp)
         self.schedule = schedule_from_dict(config.schedule)
+        self.total = config.steps  # the run's last step (a time budget replans it)
+        self.budget_note: str | None = None
         self.scaler = parallel.grad_scaler(self.plan, self.device, self.precision)  # fp16 only
         self.optimizer = build_optimizer(self.trained, config, self.schedule(1),
                                          fused=not (self.scaler and self.plan.sharded))
@@ -147,7 +159,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "python_rng": list(random.getstate()[1]),
             "data": self.batches.state_dict(),
-            "schedule": self.cfg.schedule,
+            "schedule": schedule_to_dict(self.schedule),
             "best_val": self.best_val,
             "evals_since_best": self.evals_since_best,
             **({"scaler": self.scaler.state_dict()} if self.scaler else {}),
@@ -373,6 +385,23 @@ class Trainer:
                          f">= {target}: stopping")
         return True
 
+    # --- the time budget -----------------------------------------------------------------
+    def _replan(self, plan: BudgetPlan, elapsed: float, bar) -> None:
+        """Once the first steps are timed (rank 0's timing, for every rank): the run and its
+        schedule end at the step count the budget allows, which is said above the bar."""
+        agreed = [plan.observe(self.step, elapsed)]
+        distributed.broadcast_from_main(agreed)
+        plan.planned = agreed[0]  # (another rank may have measured sooner: rank 0 decides)
+        if plan.planned is None:
+            return
+        self.total = plan.planned
+        self.schedule = replanned(self.schedule, self.total)
+        bar.total = self.total
+        bar.refresh()
+        if self.is_main and plan.seconds_per_step is not None:
+            with bar.external_write_mode():
+                self.log(plan.line())
+
     # --- the loop ------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
         from tqdm import tqdm
@@ -385,9 +414,11 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         data_iter = iter(self.batches)
         history: list[dict[str, float]] = []
-        bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not (
+        bar = tqdm(total=self.total, initial=self.step, disable=not (
             self.is_main and self.cfg.progress), dynamic_ncols=True, unit="step")
-        start, tokens = time.perf_counter(), 0
+        budget = self.cfg.time_budget
+        plan = BudgetPlan(budget, self.cfg.steps, self.step) if budget is not None else None
+        start, tokens, budget_over = self.clock(), 0, False
         # A fresh run starts a new metrics file; a resumed one appends (resume() trimmed it).
         mode = "w" if self.step == 0 else "a"
         metrics = open(self.metrics_path, mode) if self.is_main else None
@@ -396,15 +427,17 @@ class Trainer:
                 remove_temporaries(folder)
         try:
             with StopSignals(repeat_stops_at_once=self.world == 1) as stop:
-                while self.step < self.cfg.steps:
+                while self.step < self.total:
                     row = self.train_step(data_iter)
                     if self.fault is not None:
                         self.fault("step", self.step)
-                    elapsed = time.perf_counter() - start
+                    elapsed = self.clock() - start
+                    if plan is not None and plan.planned is None:
+                        self._replan(plan, elapsed, bar)
                     tokens += row["src_tokens"] + row["tgt_tokens"]
                     row.update(step=self.step, time=elapsed, tokens_per_s=tokens / elapsed)
                     if self.val_batches and self.cfg.eval_every and (
-                            self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps):
+                            self.step % self.cfg.eval_every == 0 or self.step == self.total):
                         found = self._validate(bar)
                         # one decision for all ranks (early stopping and best/ are collective)
                         agreed = [found]
@@ -422,8 +455,7 @@ class Trainer:
                     if self.step % self.cfg.log_every == 0:
                         bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
                                         tok_s=f"{row['tokens_per_s']:.0f}")
-                    budget_over = self.cfg.time_budget is not None and distributed.any_true(
-                        elapsed >= self.cfg.time_budget)
+                    budget_over = budget is not None and distributed.any_true(elapsed >= budget)
                     signalled = distributed.any_true(stop.signum is not None)
                     if (self.step % self.cfg.save_every == 0 or budget_over or stop_early
                             or signalled):
@@ -434,14 +466,17 @@ class Trainer:
                         raise Stopped(f"{signal.Signals(signum).name} at step {self.step}; "
                                       f"checkpoint {saved or self.ckpt_dir} (continue with "
                                       "--resume)", signum)
+                    budget_over = budget_over and self.step < self.total
                     if budget_over and self.is_main:  # said: the bar counted the steps
                         with bar.external_write_mode():
-                            self.log(f"--time-budget {self.cfg.time_budget:g} s spent: "
-                                     f"stopped at step {self.step} of {self.cfg.steps}")
+                            self.log(f"--time-budget {budget:g} s spent: stopped at step "
+                                     f"{self.step} of {self.total}")
                     if budget_over or stop_early:
                         break
                 if self.saved_step != self.step:  # (known on every rank alike)
                     self.save()
+                if plan is not None:
+                    self.budget_note = plan.note(self.step, self.total, budget_over)
         finally:
             bar.close()
             if metrics is not None:

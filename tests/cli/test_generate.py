@@ -1,4 +1,4 @@
-"""``attnlab generate``: a model that is missing or cannot generate.
+"""``attnlab generate``: a model that is missing or cannot generate; ``--beam``.
 
 Covered elsewhere, not repeated here:
 
@@ -294,3 +294,84 @@ def test_draft_int4_drafts_with_the_4_bit_model(capsys, char_lm):
     assert running.endswith("(int4 weights) on cpu, fp32, "
                             f"{torch.get_num_threads()} threads"), running
     assert summary == speculated(prompt).summary()
+
+
+BEAM_TEXT = "to be or not to be, that is the question"
+
+
+@pytest.fixture(scope="module")
+def eos_lm(tmp_path_factory):
+    """A random character gpt-mini whose end token's output row is the space's plus noise, so
+    that hypotheses end at different lengths and the length penalty decides between them."""
+    from attnlab import GPT, ModelConfig
+    from attnlab.storage import save_model_dir
+    from attnlab.tokenizers.base import CharTokenizer
+
+    torch.manual_seed(0)
+    tok = CharTokenizer.train([BEAM_TEXT])
+    config = ModelConfig.from_preset("gpt-mini", vocab_size=tok.vocab_size, d_model=32,
+                                     n_heads=2, n_decoder_layers=2, d_ff=64, max_len=64,
+                                     tie_embeddings=False)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        rows = model.lm_head.weight
+        rows[tok.eos_id] = rows[tok.encode(" ")[0]] + 0.5 * rows.std() * torch.randn(32)
+    path = tmp_path_factory.mktemp("eos-lm") / "model"
+    save_model_dir(path, model, config, {"text": tok.to_dict()})
+    return path
+
+
+@pytest.mark.parametrize("flags,penalty,alpha,others", [
+    ((), "average", 1.0, [("gnmt", 1.0), ("average", 0.6)]),  # the defaults are these
+    (("--penalty", "gnmt"), "gnmt", 1.0, [("average", 1.0)]),
+    (("--alpha", "0.6"), "average", 0.6, [("average", 1.0)]),
+    (("--penalty", "gnmt", "--alpha", "2"), "gnmt", 2.0, [("gnmt", 1.0)]),
+])
+def test_beam_writes_the_best_hypothesis_of_the_librarys_beam_search(capsys, eos_lm, flags,
+                                                                     penalty, alpha, others):
+    """``--beam 3`` (transformers' average log-probability, α = 1, unless ``--penalty`` and
+    ``--alpha`` say otherwise): the text of ``beam_generate`` on the model as ``generate``
+    prepares it, on a prompt where that is neither the greedy text nor what the ``others``
+    settings give (so a ``--beam`` that decodes greedily, drops ``--penalty`` or ``--alpha``,
+    or has other defaults, fails)."""
+    from attnlab import load
+    from attnlab.generation.beam import beam_generate
+    from attnlab.generation.decode import generate
+
+    tok, model = load(eos_lm).tokenizer, prepared(eos_lm, False, "fp32")
+
+    def searched(prompt, penalty=penalty, alpha=alpha):
+        ids = beam_generate(model, torch.tensor([tok.encode(prompt)]), 20, 3, alpha, penalty,
+                            eos_id=tok.eos_id)
+        return tok.decode(ids[0].tolist())
+
+    def greedy(prompt):
+        ids = torch.tensor([tok.encode(prompt)])
+        return tok.decode(generate(model, ids, 20, eos_id=tok.eos_id)[0].tolist())
+
+    prompt = first_prompt(BEAM_TEXT.split(),
+                          lambda p: searched(p) not in {greedy(p), *(searched(p, *o)
+                                                                     for o in others)},
+                          f"is searched to a text that neither greedy decoding nor {others} "
+                          "give")
+    r = cli(capsys, "generate", "--model", eos_lm, "--prompt", prompt, "--max-new-tokens", "20",
+            "--beam", "3", *flags, "--device", "cpu", "--precision", "fp32")
+    assert r.code == 0, r.err
+    assert r.out == searched(prompt) + "\n"
+    assert r.err.splitlines()[-1].startswith("timing: ")
+
+
+@pytest.mark.parametrize("flags,named", [
+    (("--beam", "0"), "--beam"),
+    (("--beam", "2", "--temperature", "0.8"), "--temperature"),
+    (("--beam", "2", "--top-k", "5"), "--top-k"),
+    (("--beam", "2", "--repetition-penalty", "1.3"), "--repetition-penalty"),
+    (("--beam", "2", "--prompt-lookup"), "--prompt-lookup"),
+    (("--beam", "2", "--compile"), "--compile"),
+    (("--beam", "2", "--alpha", "nan"), "--alpha"),
+    (("--beam", "2", "--max-new-tokens", "60"), "--max-new-tokens"),  # 5 + 60 > 64
+])
+def test_beam_settings_that_cannot_work_are_one_line(capsys, eos_lm, flags, named):
+    r = cli(capsys, "generate", "--model", eos_lm, "--prompt", "the q", "--device",
+            "cpu", "--max-new-tokens", "10", *flags)
+    assert_bad_input(r, named)

@@ -1,7 +1,8 @@
 """Each task's commands run task code only from that task's module: of attnlab/tasks/, ``ner``,
 ``train ner`` and ``evaluate ner`` call functions only in tasks/ner/ (and the start every task
 shares, tasks/pretrained.py), and likewise ``qa`` and ``train qa`` in tasks/qa/, ``classify``
-and ``train classify`` in tasks/classify/, ``evaluate choice`` in tasks/choice.py. Traced as
+and ``train classify`` in tasks/classify/, ``train choice`` and ``evaluate choice`` (on a
+language model and on a multiple-choice head) in tasks/choice/. Traced as
 tests/call_path.py traces a command, on tiny runs of a random bert-tiny (2 training steps)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tests.cli.helpers import tiny_bert
 TASKS = "attnlab/tasks/"
 SHARED = {"attnlab/tasks/pretrained.py"}  # the start from a pretrained encoder
 HOME = {"ner": "attnlab/tasks/ner/", "qa": "attnlab/tasks/qa/",
-        "classify": "attnlab/tasks/classify/", "choice": "attnlab/tasks/choice.py"}
+        "classify": "attnlab/tasks/classify/", "choice": "attnlab/tasks/choice/"}
 TINY = ["--device", "cpu", "--precision", "fp32"]
 TRAIN = ["--steps", "2", "--batch", "8", "--eval-every", "2", "--no-progress", *TINY]
 
@@ -139,3 +140,25 @@ def test_evaluate_choice(capsys, tmp_path, lm_run):
                                 "answer": 0}) + "\n")
     check(run(capsys, "evaluate", "choice", "--model", lm_run, "--data", data, *TINY),
           "choice")
+
+
+@pytest.fixture(scope="module")
+def choice_head(tmp_path_factory, encoder):
+    """``train choice`` traced: (its files, the run, the questions)."""
+    folder = tmp_path_factory.mktemp("choice")
+    rows = [{"context": f"who went to {town} ?", "choices": [NAMES[i % 3], NAMES[(i + 1) % 3]],
+             "answer": i % 2} for i, town in enumerate(TOWNS * 4)]
+    data = folder / "questions.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    files = trace_train(["train", "choice", "--data", data, "--model", encoder, "--out",
+                         folder / "run", "--max-len", "16", "--valid", data])
+    return files, folder / "run", data
+
+
+def test_train_choice(choice_head):
+    check(choice_head[0], "choice")
+
+
+def test_evaluate_choice_on_a_multiple_choice_head(capsys, choice_head):
+    check(run(capsys, "evaluate", "choice", "--model", choice_head[1], "--data", choice_head[2],
+              *TINY), "choice")

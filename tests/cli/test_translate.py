@@ -16,11 +16,14 @@ Covered elsewhere, not repeated here:
   test_translation_commands_refuse_a_language_model (``--last 0``: exit code and message only).
 
 Here: a missing model folder (translate), a run without checkpoints (average, with the whole
-one-line contract) and an ``--out`` that cannot be created (evaluate, average).
+one-line contract), an ``--out`` that cannot be created (evaluate, average), and sampled
+translation (``--temperature``, ``--top-k``, ``--top-p``, ``--seed``) in translate and evaluate.
 """
 
 import io
+import re
 
+import pytest
 import torch
 
 from attnlab import ModelConfig, Transformer, save_pretrained
@@ -126,3 +129,71 @@ def test_translate_and_evaluate_take_beam_and_compile(capsys, translation_run, m
     assert counters["stats"]["unique_graphs"] == 2  # greedy: another batch shape
     r = cli(capsys, "translate", "--model", translation_run.path, "--beam", "0", "x")
     assert_bad_input(r, "--beam")
+
+
+def sampled(capsys, run, *flags):
+    r = cli(capsys, "translate", "--model", run, "--device", "cpu", "--precision", "fp32",
+            "--temperature", "0.9", "--top-k", "6", "a b c", "c b a d", "d", *flags)
+    assert r.code == 0, r.err
+    return r
+
+
+def test_translate_samples_as_generate_does(capsys, translation_run):
+    """``--temperature --top-k --seed``: the library's ``translate`` with a generator of that
+    seed (tests/generation/test_seq2seq_sampling.py checks its draws); without ``--seed`` a
+    fresh one, printed as ``generate`` prints it, repeats the run."""
+    from attnlab import load
+    from attnlab.generation.seq2seq import translate
+
+    loaded = load(translation_run.path)
+    sentences = ["a b c", "c b a d", "d"]
+    want = translate(loaded.model, loaded.tokenizers["source"], loaded.tokenizers["target"],
+                     sentences, temperature=0.9, top_k=6,
+                     generator=torch.Generator().manual_seed(3))
+    assert sampled(capsys, translation_run.path, "--seed", "3").out.splitlines() == want
+    fresh = sampled(capsys, translation_run.path)
+    seed = re.search(r"^attnlab translate: sampling with --seed (\d+)$", fresh.err, re.M)
+    assert seed, fresh.err
+    again = sampled(capsys, translation_run.path, "--seed", seed.group(1))
+    assert again.out == fresh.out and "sampling with" not in again.err
+    greedy = cli(capsys, "translate", "--model", translation_run.path, "--device", "cpu",
+                 "--precision", "fp32", *sentences)
+    draws = {sampled(capsys, translation_run.path, "--seed", str(s)).out for s in range(4)}
+    assert draws != {greedy.out}  # the flags sample: four seeds are not all the greedy text
+
+
+def test_evaluate_translate_samples_with_beam_one_unless_told(capsys, translation_run):
+    """A sampling flag makes ``evaluate translate`` sample (beam 1, the translations of
+    ``translate`` with the same flags); without one it searches with beam 4."""
+    src, ref = translation_run.path.parent / "src.txt", translation_run.path.parent / "ref.txt"
+    src.write_text("a b c\nc b a d\nd\n")
+    ref.write_text("x\ny\nz\n")
+    out = translation_run.path.parent / "sampled.txt"
+    base = ("evaluate", "translate", "--model", translation_run.path, "--src", src, "--ref",
+            ref, "--device", "cpu", "--precision", "fp32")
+    r = cli(capsys, *base, "--temperature", "0.9", "--top-k", "6", "--seed", "3", "--out", out)
+    assert r.code == 0, r.err
+    assert "(sampled at temperature 0.9, top-k 6; fp32 on cpu)" in r.out
+    assert out.read_text() == sampled(capsys, translation_run.path, "--seed", "3").out
+    r = cli(capsys, *base)
+    assert r.code == 0, r.err
+    assert "(beam 4, alpha 0.6; fp32 on cpu)" in r.out
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+@pytest.mark.parametrize("flags,named", [
+    (("--beam", "3", "--temperature", "0.5"), ("--beam 3", "--temperature")),
+    (("--beam", "2", "--seed", "1"), ("--beam 2", "--seed")),
+    (("--top-p", "1.5"), ("--top-p",)),
+    (("--temperature", "-1"), ("--temperature",)),
+    (("--top-k", "0"), ("--top-k",)),
+])
+def test_sampling_flags_that_cannot_work_are_one_line(capsys, translation_run, tmp_path,
+                                                      command, flags, named):
+    if command == "translate":
+        r = cli(capsys, "translate", "--model", translation_run.path, *flags, "a b")
+    else:
+        (tmp_path / "src.txt").write_text("a b\n")
+        r = cli(capsys, "evaluate", "translate", "--model", translation_run.path, "--src",
+                tmp_path / "src.txt", "--ref", tmp_path / "src.txt", *flags)
+    assert_bad_input(r, *named)

@@ -127,10 +127,10 @@ def test_bert_large_is_340m():
 
 def test_unknown_architecture_is_named(tmp_path):
     (tmp_path / "config.json").write_text(
-        '{"model_type": "bert", "architectures": ["BertForMultipleChoice"], '
+        '{"model_type": "bert", "architectures": ["BertForNextSentencePrediction"], '
         '"vocab_size": 10, "hidden_size": 8, "num_attention_heads": 2, '
         '"intermediate_size": 16, "num_hidden_layers": 1}')
-    with pytest.raises(ValueError, match="architectures='BertForMultipleChoice'"):
+    with pytest.raises(ValueError, match="architectures='BertForNextSentencePrediction'"):
         from_pretrained(tmp_path)
 
 

@@ -11,7 +11,7 @@ from attnlab import from_pretrained, save_pretrained
 from attnlab.generation import generate
 
 GPT2 = dict(vocab_size=300, n_embd=64, n_head=4, n_layer=3, n_positions=128,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=299, eos_token_id=299)
 LLAMA = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=172, num_hidden_layers=3, max_position_embeddings=128,
              rms_norm_eps=1e-6, tie_word_embeddings=False)

@@ -1,7 +1,7 @@
-"""Special token ids in a Hugging Face config.json: out of range (2^63 and past, negative) is
-one line naming the field and exit code 2, never a traceback; a negative
-pad_token_id means none (early Llama conversions write -1); a list of eos ids (Llama 3) loads
-with its first as the model's eos."""
+"""Special token ids in a Hugging Face config.json: out of range (past the vocabulary, 2^63,
+negative) is one line naming the field and exit code 2, never a traceback (transformers warns
+of the same ids); a negative pad_token_id means none (early Llama conversions write -1); a
+list of eos ids (Llama 3) loads with its first as the model's eos."""
 
 from __future__ import annotations
 
@@ -62,6 +62,19 @@ def test_an_out_of_range_token_id_is_one_line_and_exit_2(capsys, llama, tmp_path
     assert "internal error" not in line
     with pytest.raises(BadInput, match=field):
         attnlab.load(folder)
+
+
+@pytest.mark.parametrize("field", ["eos_token_id", "bos_token_id", "pad_token_id",
+                                   "decoder_start_token_id"])
+def test_an_id_past_the_vocabulary_is_one_line_and_exit_2(capsys, llama, tmp_path, field):
+    """GPT2Config writes 50256 over any vocab_size: the model could never emit such an eos,
+    and a bos or pad past the table would be read out of range."""
+    _, vocab = llama
+    folder = with_fields(llama, tmp_path, **{field: vocab})
+    line = assert_bad_input(generate(capsys, folder), field, f"0..{vocab - 1}")
+    assert "internal error" not in line
+    folder = with_fields(llama, tmp_path, **{field: vocab - 1, "eos_token_id": [3, vocab]})
+    assert_bad_input(generate(capsys, folder), "eos_token_id")
 
 
 def test_a_negative_pad_token_id_means_none(capsys, llama, tmp_path):

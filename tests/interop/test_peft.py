@@ -17,7 +17,7 @@ from attnlab.nn.adapters import trainable_state
 CONFIGS = {
     "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config(
         vocab_size=120, n_embd=32, n_head=4, n_layer=2, n_positions=64, resid_pdrop=0.0,
-        embd_pdrop=0.0, attn_pdrop=0.0)),
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=119, eos_token_id=119)),
     "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig(
         vocab_size=120, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=48, num_hidden_layers=2, max_position_embeddings=64,

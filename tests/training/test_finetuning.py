@@ -113,10 +113,11 @@ def test_layer_decay_and_unfreezing_in_a_run(data, tmp_path):
     lr_top = next(g["lr"] for g in groups if g["depth"] == top)
     for g in groups:  # the rate of the last step: the schedule's times 0.5 per depth below
         assert g["lr"] == pytest.approx(lr_top * 0.5 ** (top - g["depth"]))
-    # --warmup-ratio 0.5 of 4 steps: 2 warmup steps (not --warmup's 60), then linear decay
+    # --warmup-ratio 0.5 of 4 steps: 2 warmup steps (not --warmup's 60), then linear decay;
+    # step k takes λ(k − 1) as transformers counts: step 2 half the peak
     at_two = load_trainer_state(run / "checkpoints" / "step-00000002")["optimizer"]
     lr_two = max(g["lr"] for g in at_two["param_groups"])
-    assert lr_two == pytest.approx(LinearSchedule(1e-2, 2, 4)(2)) == pytest.approx(1e-2)
+    assert lr_two == pytest.approx(LinearSchedule(1e-2, 2, 4)(2)) == pytest.approx(5e-3)
     assert lr_top == pytest.approx(LinearSchedule(1e-2, 2, 4)(4))
     base = load_state(data / "encoder" / "model.safetensors")
     two = load_state(run / "checkpoints" / "step-00000002" / "model.safetensors")
