@@ -410,6 +410,7 @@ class Trainer:
             # tensor-parallel ranks share their data rank's seed: replicated activations must
             # drop the same units
             torch.manual_seed(self.cfg.seed + self.layout.dp_rank)
+        self.total = self.cfg.steps  # as asked now (a caller may extend a finished run)
         self.model.train()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         data_iter = iter(self.batches)
