@@ -147,3 +147,30 @@ def test_the_preset_counts_transformers_parameters(window):
             vocab_size=50265, max_position_embeddings=4098, type_vocab_size=1,
             attention_window=window))
     assert count_parameters(ours) == count_parameters(config) == theirs.num_parameters()
+
+
+def test_windows_are_refused_for_a_model_that_reads_the_whole_document(folders, tmp_path,
+                                                                       capsys):
+    """``--pool`` cuts a long text into windows; a Longformer reads it whole, so asking for
+    both is one line and exit 2 (classify and train classify), before any window is cut."""
+    import shutil
+
+    from attnlab.tokenizers import WordPieceTokenizer
+    from tests.cli.helpers import assert_bad_input, cli
+
+    folder = tmp_path / "longformer"
+    shutil.copytree(folders["LongformerForSequenceClassification"][1], folder)
+    text = tmp_path / "corpus.txt"
+    text.write_text("a long document about cats and dogs and birds\n" * 20)
+    tok = WordPieceTokenizer.train([text], vocab_size=VOCAB)
+    tok.backend.save(str(folder / "tokenizer.json"))
+    assert load(folder).config.reads_long_documents
+    r = cli(capsys, "classify", "--model", folder, "--pool", "max", "cats and dogs")
+    assert_bad_input(r, "--pool", "Longformer", while_running=True)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"cats {i}", "label": str(i % 2)}) + "\n"
+                            for i in range(20)))
+    r = cli(capsys, "train", "classify", "--data", data, "--text-field", "text",
+            "--label-field", "label", "--init", folder, "--pool", "mean",
+            "--steps", "1", "--out", tmp_path / "run", "--device", "cpu")
+    assert_bad_input(r, "--pool", "Longformer", while_running=True)

@@ -78,6 +78,9 @@ def classify_examples(enc: SentenceEncoder, examples: list[Example], batch_size:
     pool = pool or trained.get("pool")
     if stride is not None and not pool:
         raise BadInput("a stride is the overlap of windows: it needs a pool (--pool)")
+    if pool and enc.model.config.reads_long_documents:
+        raise BadInput("--pool reads a long text in windows; this Longformer model reads the "
+                       "whole document (its attention_window): leave --pool out")
     if any(pairs):
         if pool:
             raise BadInput("windows (--pool) read single texts, not pairs")

@@ -108,6 +108,10 @@ class ClassifyRecipe(Recipe):
         if self.pair_field:  # how it reads, for classify and evaluate classify to read alike
             extra["reading"] = {"pair_field": self.pair_field, "truncation": self.truncation}
         elif self.pool:
+            if base.config.reads_long_documents:
+                raise BadInput("--pool reads a long text in windows; this Longformer model "
+                               "reads the whole document (its attention_window): leave --pool "
+                               "out")
             check_windows(max_len, stride)
             extra["reading"] = {"pool": self.pool, "max_len": max_len, "stride": stride}
         # an encoder pretrained without a pooler (ELECTRA's discriminator) gets a new one,
