@@ -9,7 +9,7 @@ encoder is then fine-tuned by the same ``attnlab train classify`` command on the
 (../shared/data/spam, subject and body, the fixed hash split); the test accuracies are
 printed side by side. Every run is the command a user types, called in this process.
 
-    .venv/bin/python benchmarks/electra.py [--steps 300] [--layers 2] [--out runs/electra-bench]
+    .venv/bin/python benchmarks/electra.py [--steps 1000] [--layers 2] [--out runs/electra-bench]
 """
 
 from __future__ import annotations
@@ -59,13 +59,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--text", default=str(SHARED / "tinyshakespeare" / "input.txt"))
     p.add_argument("--spam", default=str(SHARED / "spam" / "emails.jsonl.gz"))
-    p.add_argument("--steps", type=int, default=300, help="pretraining steps, each run")
+    p.add_argument("--steps", type=int, default=1000, help="pretraining steps, each run")
     p.add_argument("--layers", type=int, default=2, help="encoder layers of electra-small")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--max-len", type=int, default=64, help="pretraining tokens a sequence")
     p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--classify-steps", type=int, default=100)
-    p.add_argument("--classify-lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=5e-4, help="pretraining peak learning rate")
+    p.add_argument("--warmup", type=int, default=100, help="pretraining warmup steps")
+    p.add_argument("--classify-steps", type=int, default=300)
+    p.add_argument("--classify-lr", type=float, default=3e-4)
     p.add_argument("--out", default="runs/electra-bench")
     args = p.parse_args()
     for path in (args.text, args.spam):
@@ -78,12 +80,13 @@ def main() -> None:
           f"{torch.get_num_threads()} threads", flush=True)
     shape = ["--preset", "electra-small", "--set", f"n_encoder_layers={args.layers}"]
     common = [*shape, "--text", args.text, "--vocab-size", args.vocab_size, "--steps",
-              args.steps, "--batch", args.batch, "--max-len", args.max_len, "--eval-every",
+              args.steps, "--batch", args.batch, "--max-len", args.max_len, "--lr", args.lr,
+              "--warmup", args.warmup, "--eval-every",
               args.steps, "--save-every", args.steps, "--no-progress", "--seed", "0"]
     electra, t_electra = command("train", "electra", *common, "--out", out / "electra")
     mlm, t_mlm = command("train", "mlm", *common, "--out", out / "mlm")
     scores = re.search(r"accuracy ([0-9.]+); on the ([0-9.]+)% replaced ([0-9.]+), on the "
-                       r"originals ([0-9.]+)", electra).groups()
+                       r"originals ([0-9.]+); ranking AUC ([0-9.]+)", electra).groups()
     tuned = {}
     for name in ("electra", "mlm"):
         printed, seconds = command(
@@ -97,7 +100,7 @@ def main() -> None:
           f"electra-small with {args.layers} layers:")
     print(f"  ELECTRA discriminator: accuracy {scores[0]} on all validation tokens; "
           f"{scores[2]} on the {scores[1]}% its generator replaced, {scores[3]} on the "
-          f"originals ({t_electra:.0f} s)")
+          f"originals; ranking AUC {scores[4]} ({t_electra:.0f} s)")
     print(f"  BERT masked-LM ({t_mlm:.0f} s)")
     print(f"spam, {args.classify_steps} fine-tuning steps each:")
     for name, label in (("electra", "from the ELECTRA discriminator"),

@@ -196,7 +196,7 @@ def cmd_train_electra(args: argparse.Namespace) -> None:
                [f"discriminator on {r['rtd_tokens']:,.0f} validation tokens: accuracy "
                 f"{r['rtd_accuracy']:.4f}; on the {r['rtd_replaced_share']:.1%} replaced "
                 f"{r['rtd_replaced_accuracy']:.4f}, on the originals "
-                f"{r['rtd_original_accuracy']:.4f}"],
+                f"{r['rtd_original_accuracy']:.4f}; ranking AUC {r['rtd_auc']:.4f}"],
                where=f"discriminator in {out / 'final'}, generator in {out / GENERATOR}")
 
 

@@ -124,14 +124,21 @@ def least_important(scores: dict[str, Tensor], count: int) -> dict[str, list[int
         raise BadInput(f"cannot prune {count} heads: the model has "
                        f"{sum(len(s) for s in scores.values())} in {len(scores)} layers, and "
                        f"each layer keeps one ({available} at most)")
-    ranked = sorted((float(s[h]), path, h) for path, s in scores.items() for h in range(len(s)))
+    return lowest_keeping_one(scores, count)
+
+
+def lowest_keeping_one(scores: dict[str, Tensor], count: int) -> dict[str, list[int]]:
+    """The ``count`` lowest scores across the groups (a layer's heads, a stack's layers),
+    greedily, never taking a group's last member: ``{group: [indices]}``, each sorted. The
+    caller checks that ``count`` is possible."""
+    ranked = sorted((float(s[i]), group, i) for group, s in scores.items() for i in range(len(s)))
     chosen: dict[str, list[int]] = {}
-    for _, path, h in ranked:
+    for _, group, i in ranked:
         if sum(len(v) for v in chosen.values()) == count:
             break
-        if len(chosen.get(path, [])) < len(scores[path]) - 1:
-            chosen.setdefault(path, []).append(h)
-    return {p: sorted(v) for p, v in chosen.items()}
+        if len(chosen.get(group, [])) < len(scores[group]) - 1:
+            chosen.setdefault(group, []).append(i)
+    return {g: sorted(v) for g, v in chosen.items()}
 
 
 # --- removing heads ----------------------------------------------------------------------------

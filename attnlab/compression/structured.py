@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import Tensor, nn
 
-from attnlab.compression.prune import _keep_rows
+from attnlab.compression.prune import _keep_rows, lowest_keeping_one
 from attnlab.config import ModelConfig
 from attnlab.errors import BadInput
 from attnlab.nn.blocks import Decoder, Encoder, _SelfAttentionStack
@@ -209,14 +209,7 @@ def least_important_layers(scores: dict[str, Tensor], count: int) -> dict[str, l
         raise BadInput(f"--layers {count}: the model has {total} layers in {len(scores)} "
                        f"stack{'s' if len(scores) > 1 else ''}, each keeping one, so 1 to "
                        f"{available} can go")
-    ranked = sorted((float(s[i]), stack, i) for stack, s in scores.items() for i in range(len(s)))
-    chosen: dict[str, list[int]] = {}
-    for _, stack, i in ranked:
-        if sum(map(len, chosen.values())) == count:
-            break
-        if len(chosen.get(stack, [])) < len(scores[stack]) - 1:
-            chosen.setdefault(stack, []).append(i)
-    return {stack: sorted(v) for stack, v in chosen.items()}
+    return lowest_keeping_one(scores, count)
 
 
 def drop_layers(model: nn.Module, drop: dict[str, list[int]]) -> ModelConfig:

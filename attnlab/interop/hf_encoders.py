@@ -46,9 +46,9 @@ from attnlab.interop.huggingface import (
 )
 
 # transformers' config defaults (the published base shapes), for fields a config.json omits
-_ROBERTA_DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_attention_heads=12,
-                         intermediate_size=3072, num_hidden_layers=12, pad_token_id=1,
-                         bos_token_id=0, eos_token_id=2)
+ROBERTA_DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_attention_heads=12,
+                        intermediate_size=3072, num_hidden_layers=12, pad_token_id=1,
+                        bos_token_id=0, eos_token_id=2)
 _ALBERT_DEFAULTS = dict(vocab_size=30000, embedding_size=128, hidden_size=4096,
                         num_attention_heads=64, intermediate_size=16384, num_hidden_layers=12,
                         hidden_act="gelu_new", hidden_dropout_prob=0.0,
@@ -119,7 +119,7 @@ def _mlm_gelu(c: ModelConfig):
 
 # --- RoBERTa --------------------------------------------------------------------------------
 def roberta_to_config(hf: dict) -> ModelConfig:
-    hf = {**_ROBERTA_DEFAULTS, **hf}
+    hf = {**ROBERTA_DEFAULTS, **hf}
     _gelu_head("roberta", hf, "RobertaForMaskedLM")
     pad = hf["pad_token_id"]
     # RoBERTa's <unk> is 3 in its vocabulary; config.json does not record it
@@ -137,10 +137,12 @@ def roberta_from_config(c: ModelConfig) -> dict:
             "eos_token_id": c.eos_id}
 
 
-def roberta_weights(c: ModelConfig):
-    p = "" if c.head == "none" else "roberta."
+def roberta_weights(c: ModelConfig, model: str = "roberta", layer=BERT_LAYER):
+    """RoBERTa's weight names; Longformer's are the same under ``model="longformer"``, its
+    ``layer`` with the global tokens' projections added."""
+    p = "" if c.head == "none" else f"{model}."
     rows = embedding_rows(f"{p}embeddings")
-    rows += linear_rows(BERT_LAYER, "encoder.layers.{i}.", f"{p}encoder.layer.{{i}}.")
+    rows += linear_rows(layer, "encoder.layers.{i}.", f"{p}encoder.layer.{{i}}.")
     if c.head in ("none", "choice"):  # the multiple-choice head reads RoBERTa's own pooler
         rows += linear_rows([("pooler", f"{p}pooler.dense")])
     if c.head == "mlm":
@@ -150,13 +152,18 @@ def roberta_weights(c: ModelConfig):
         rows += linear_rows([("pooler", "classifier.dense"), ("classifier", "classifier.out_proj")])
     if c.head in ("tokens", "choice"):
         rows += linear_rows([("classifier", "classifier")])
+    if c.head == "qa":
+        rows += linear_rows([("qa", "qa_outputs")])
     return [(ours, theirs, False) for ours, theirs in rows]
 
 
-def _roberta_alternatives(name: str) -> list[str]:
+def roberta_alternatives(model: str = "roberta"):
     """The prefix either way; older checkpoints store the MLM bias as lm_head.decoder.bias."""
-    names = prefix_alternatives("roberta.")(name)
-    return names + (["lm_head.decoder.bias"] if name == "lm_head.bias" else [])
+    with_prefix = prefix_alternatives(f"{model}.")
+
+    def names(name: str) -> list[str]:
+        return with_prefix(name) + (["lm_head.decoder.bias"] if name == "lm_head.bias" else [])
+    return names
 
 
 # --- ALBERT ---------------------------------------------------------------------------------
@@ -291,7 +298,7 @@ def electra_weights(c: ModelConfig):
 
 
 register(Family("roberta", _class_of("roberta"), roberta_to_config, roberta_from_config,
-                roberta_weights, _roberta_alternatives))
+                roberta_weights, roberta_alternatives()))
 register(Family("albert", _class_of("albert"), albert_to_config, albert_from_config,
                 albert_weights, prefix_alternatives("albert.")))
 register(Family("distilbert", _class_of("distilbert"), distilbert_to_config,

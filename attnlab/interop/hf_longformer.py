@@ -22,19 +22,16 @@ from attnlab.interop.hf_bert import (
     BERT_LAYER,
     bert_fields,
     bert_hf_fields,
-    embedding_rows,
     has_its_pooler,
     head_of,
     labels_from_hf,
-    linear_rows,
-    prefix_alternatives,
 )
+from attnlab.interop.hf_encoders import ROBERTA_DEFAULTS, roberta_alternatives, roberta_weights
 from attnlab.interop.huggingface import Family, register, require
 
-# transformers' LongformerConfig defaults, for fields a config.json omits
-_DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_attention_heads=12,
-                 intermediate_size=3072, num_hidden_layers=12, attention_window=512,
-                 pad_token_id=1, bos_token_id=0, eos_token_id=2)
+# transformers' LongformerConfig defaults, for fields a config.json omits: RoBERTa's, with
+# BERT's vocabulary size
+_DEFAULTS = dict(ROBERTA_DEFAULTS, vocab_size=30522, attention_window=512)
 
 _CLASSES = {"LongformerModel": "none", "LongformerForMaskedLM": "mlm",
             "LongformerForSequenceClassification": "classify",
@@ -85,29 +82,8 @@ def longformer_from_config(c: ModelConfig) -> dict:
 
 
 def longformer_weights(c: ModelConfig):
-    p = "" if c.head == "none" else "longformer."
-    rows = embedding_rows(f"{p}embeddings")
-    rows += linear_rows(BERT_LAYER + GLOBAL_PROJECTIONS, "encoder.layers.{i}.",
-                        f"{p}encoder.layer.{{i}}.")
-    if c.head == "none":
-        rows += linear_rows([("pooler", f"{p}pooler.dense")])
-    if c.head == "mlm":
-        rows += linear_rows([("mlm.dense", "lm_head.dense"), ("mlm.norm", "lm_head.layer_norm")])
-        rows += [("mlm.weight", "lm_head.decoder.weight"), ("mlm.bias", "lm_head.bias")]
-    if c.head == "classify":  # dense + tanh on <s>, then out_proj: BERT's pooler + classifier
-        rows += linear_rows([("pooler", "classifier.dense"), ("classifier", "classifier.out_proj")])
-    if c.head == "tokens":
-        rows += linear_rows([("classifier", "classifier")])
-    if c.head == "qa":
-        rows += linear_rows([("qa", "qa_outputs")])
-    return [(ours, theirs, False) for ours, theirs in rows]
-
-
-def _alternatives(name: str) -> list[str]:
-    """The prefix either way; the MLM bias may be stored as lm_head.decoder.bias."""
-    names = prefix_alternatives("longformer.")(name)
-    return names + (["lm_head.decoder.bias"] if name == "lm_head.bias" else [])
+    return roberta_weights(c, "longformer", BERT_LAYER + GLOBAL_PROJECTIONS)
 
 
 register(Family("longformer", longformer_class, longformer_to_config, longformer_from_config,
-                longformer_weights, _alternatives))
+                longformer_weights, roberta_alternatives("longformer")))

@@ -138,31 +138,51 @@ class ReplacedTokenDetection:
         return sums
 
 
+def ranking_auc(scores: Tensor, truth: Tensor) -> float:
+    """The probability that a random positive (``truth`` True) scores above a random negative,
+    ties counted half: the Mann–Whitney U over ``n_pos · n_neg``, from average ranks (0.5:
+    no better than chance; NaN without both kinds)."""
+    _, inverse, counts = torch.unique(scores.double(), return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    ranks = ((ends - counts + 1 + ends) / 2)[inverse]  # 1-based, averaged over ties
+    positive = truth.bool()
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
 @torch.no_grad()
 def detection_scores(model: ElectraPretraining, batches, device: torch.device,
                      seed: int = 0) -> dict[str, float]:
     """The discriminator's decisions (logit > 0: replaced) over the real tokens of
     ``batches``, its generator sampling from ``seed`` (the same replacements every call):
-    accuracy on all tokens, on the replaced ones, on the original ones, and the share
-    replaced (the all-"original" guess scores 1 − that share)."""
+    accuracy on all tokens, on the replaced ones, on the original ones, the share replaced
+    (the all-"original" guess scores 1 − that share), and the ranking AUC of its logits
+    (:func:`ranking_auc`: whether it scores replaced tokens above originals, whatever its
+    threshold)."""
     was_training = model.training
     model.eval()
-    confusion = torch.zeros(2, 2, dtype=torch.long)  # [replaced, predicted replaced]
+    logits_seen, truth_seen = [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for b in batches:
             b = to_device(b, device)
             _, logits, replaced = model(b.ids, b.token_type_ids, b.attention_mask, b.labels)
             real = b.attention_mask.bool()
-            truth, guess = replaced[real].long().cpu(), (logits[real] > 0).long().cpu()
-            confusion += torch.bincount(truth * 2 + guess, minlength=4).view(2, 2)
+            logits_seen.append(logits[real].float().cpu())
+            truth_seen.append(replaced[real].long().cpu())
     model.train(was_training)
+    scores, truth = torch.cat(logits_seen), torch.cat(truth_seen)
+    guess = (scores > 0).long()
+    confusion = torch.bincount(truth * 2 + guess, minlength=4).view(2, 2)  # [truth, guess]
     total, by_truth = confusion.sum().clamp(min=1), confusion.sum(1).clamp(min=1)
     return {"rtd_accuracy": float(confusion.diag().sum() / total),
             "rtd_replaced_accuracy": float(confusion[1, 1] / by_truth[1]),
             "rtd_original_accuracy": float(confusion[0, 0] / by_truth[0]),
             "rtd_replaced_share": float(confusion[1].sum() / total),
-            "rtd_tokens": float(confusion.sum())}
+            "rtd_tokens": float(confusion.sum()),
+            "rtd_auc": ranking_auc(scores, truth)}
 
 
 @dataclass
@@ -208,4 +228,4 @@ class ElectraRecipe(MLMRecipe):
 
 
 __all__ = ["ElectraPretraining", "ElectraRecipe", "ReplacedTokenDetection",
-           "detection_scores", "generator_config", "sample_replacements"]
+           "detection_scores", "generator_config", "ranking_auc", "sample_replacements"]

@@ -3,6 +3,7 @@ fixed sample, no gradient from the detection loss into the generator, the shared
 the generator's shape, and a short run whose discriminator beats the all-"original" guess.
 (The command and the exports to transformers: tests/cli/test_train_electra.py.)"""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -20,6 +21,7 @@ from attnlab.training.electra import (
     ReplacedTokenDetection,
     detection_scores,
     generator_config,
+    ranking_auc,
 )
 from attnlab.training.recipes import run
 from attnlab.training.schedule import LinearSchedule, schedule_to_dict
@@ -190,9 +192,22 @@ def test_detection_scores_count_real_tokens_by_hand():
     torch.nn.init.zeros_(model.discriminator.discriminator.out.weight)
     r = detection_scores(model, [batch], torch.device("cpu"))
     # 12 real tokens, 2 of them replaced (REPLACED): all called replaced
+    # and every logit the same: the ranking is a coin, AUC one half
     assert r == pytest.approx({"rtd_accuracy": 2 / 12, "rtd_replaced_accuracy": 1.0,
                  "rtd_original_accuracy": 0.0, "rtd_replaced_share": 2 / 12,
-                 "rtd_tokens": 12.0})
+                 "rtd_tokens": 12.0, "rtd_auc": 0.5})
+
+
+def test_ranking_auc_is_scikit_learns_with_ties():
+    sklearn = pytest.importorskip("sklearn.metrics")
+    g = torch.Generator().manual_seed(0)
+    truth = torch.rand(400, generator=g) < 0.2
+    scores = (torch.randn(400, generator=g) + truth * 0.8).round(decimals=1)  # many ties
+    assert ranking_auc(scores, truth) == pytest.approx(
+        sklearn.roc_auc_score(truth.numpy(), scores.numpy()), abs=1e-12)
+    assert ranking_auc(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 1, 1])) == 1.0
+    assert ranking_auc(torch.tensor([3.0, 2.0]), torch.tensor([0, 1])) == 0.0
+    assert math.isnan(ranking_auc(torch.ones(3), torch.zeros(3)))
 
 
 def test_masking_is_train_mlm_s(tmp_path):
