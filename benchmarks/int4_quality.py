@@ -10,9 +10,8 @@ the int4 model is ``int4_matmul`` on one row, against the same weights dequantis
   to the first difference (after which the two continue different texts), and how many of
   the prompts agree throughout.
 
-It prints the CPU, the chunk products' instructions (``int4_dot``) and the figures; run it
-before and after a change to the int4 kernel (a git worktree of the old commit, the same
-command) to compare.
+It prints the CPU and the figures; run it before and after a change to the int4 kernel (a git
+worktree of the old commit, the same command) to compare.
 
     .venv/bin/python benchmarks/int4_quality.py [--tokens 2048] [--prompts 16] [--new 64]
 """
@@ -65,7 +64,6 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     import attnlab
-    from attnlab.cpu import kernels
     from attnlab.storage import smollm2_path
 
     gguf = smollm2_path()
@@ -74,10 +72,9 @@ def main() -> None:
     text = Path(args.text).read_text(encoding="utf-8")
     tail = text[-len(text) // 10:]  # the held-out tenth, as benchmarks/compression.py reads
     ids = tok.encode(tail)[: args.tokens]
-    dot = getattr(kernels, "int4_dot", lambda: "vpmaddwd (16-bit activations)")()
     print(f"# {platform.processor() or platform.machine()}, "
           f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
-          f"{args.threads} threads; int4 chunk products: {dot}")
+          f"{args.threads} threads")
     nll = {}
     for name, loaded in models.items():
         nll[name] = teacher_forced_nll(loaded.model, ids)

@@ -34,7 +34,7 @@ class KernelInt8Linear(Int8Linear):
 
 class KernelInt4Linear(Int4Linear):
     """:class:`~attnlab.nn.quantized.Int4Linear` whose few rows run ``int4_matmul``:
-    ``Ŵ[n, k] = s[n, g] · c[n, k] + b[n, g]`` met by ``x`` rounded to 8 bits per 32 inputs, in
+    ``Ŵ[n, k] = s[n, g] · c[n, k] + b[n, g]`` met by ``x`` rounded to 16 bits per 32 inputs, in
     exact integer sums (groups of 32 inputs or a multiple of it)."""
 
     def _few_rows(self, x: Tensor) -> Tensor:

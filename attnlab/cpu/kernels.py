@@ -15,13 +15,12 @@ below it (docs/benchmarks.md). ``int_kernels.cpp``, for
 * ``int4_matmul(x, codes, scales, offsets, group)``: ``Ŵ[n, k] = s[n, g] · c[n, k] + b[n, g]``
   with 4-bit codes two to a byte (:func:`attnlab.nn.quantized.pack_codes`). Converting
   every 4-bit code to float costs more than reading it, so the codes meet ``x`` in exact
-  integer sums of unsigned × signed bytes: ``x`` is rounded per 32 inputs to 8 bits, as
-  llama.cpp's Q8_1 blocks do, ``x̂ = s_x · q_x``, ``s_x = max |x| / 127``, and the offsets
-  take the exact float ``Σ x``. So ``|y − x · Ŵᵀ| ≤ ½ Σ_chunks s_x · Σ_k |s · c|`` plus
-  float32 rounding: a step of 2⁻⁷ of the chunk's largest input. The products run on
-  AVX512-VNNI's ``vpdpbusd`` where the CPU has it (``-DATTNLAB_VNNI``, :func:`int4_dot`), on
-  AVX2's ``vpmaddubsw`` + ``vpmaddwd`` elsewhere on x86, and one at a time on other CPUs:
-  the same integers, so every path gives the same bits.
+  integer sums (``vpmaddwd`` on AVX2): ``x`` is rounded per 32 inputs to 16 bits,
+  ``x̂ = s_x · q_x``, ``s_x = max |x| / 32767``, and the offsets take the exact float ``Σ x``.
+  So ``|y − x · Ŵᵀ| ≤ ½ Σ_chunks s_x · Σ_k |s · c|`` plus float32 rounding: a step of
+  2⁻¹⁵ of the chunk's largest input, against bf16's 2⁻⁹ of each input's own size (finer for
+  inputs within 64x of their chunk's largest; llama.cpp rounds ``x`` to 8 bits here, a
+  coarser step; docs/benchmarks.md compares the logits of the three).
 
 ``float_kernels.cpp``: ``float_matmul(x, weight, bias)``, ``y = x · Wᵀ + b`` for a few rows,
 ``W (out, in)`` row-major float32, float16 or bfloat16 (widened to float32 as it is read), the
@@ -74,7 +73,6 @@ _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = [_CSRC / n for n in ("int_kernels.cpp", "float_kernels.cpp", "decode_attention.cpp")]
 _HEADERS = [_CSRC / "vectors.h"]  # (part of the cache key)
 _DPBF16 = "-DATTNLAB_DPBF16"  # bf16_batch_matmul's vdpbf16ps (float_kernels.cpp)
-_VNNI = "-DATTNLAB_VNNI"  # int4_matmul's vpdpbusd (int_kernels.cpp)
 
 
 def _openmp_runtime() -> str | None:
@@ -99,8 +97,6 @@ def _flags() -> tuple[list[str], list[str]]:
         cflags += ["-mavx2", "-mfma", "-mf16c"]
     if capability == "AVX512" and _bf16_dot():
         cflags.append(_DPBF16)
-    if capability == "AVX512" and _vnni_dot():
-        cflags.append(_VNNI)
     runtime = _openmp_runtime() if torch.backends.openmp.is_available() else None
     if runtime is not None and os.name == "posix" and not runtime.endswith(".dylib"):
         cflags.append("-fopenmp")
@@ -130,23 +126,6 @@ def _bf16_dot() -> bool:
 
     return (os.environ.get("ATTNLAB_NATIVE_BF16") != "0"
             and os.environ.get("ATTNLAB_DPBF16") != "0" and "avx512_bf16" in cpu_flags()[1])
-
-
-def _vnni_dot() -> bool:
-    """Whether to build ``vpdpbusd`` for int4's chunk products: the CPU lists AVX512-VNNI and
-    AVX512-VL, and ``ATTNLAB_NATIVE_INT8=0`` (the AVX2 emulation) does not turn it off. Either
-    way the products are the same integers."""
-    from attnlab.hardware import cpu_flags
-
-    flags = cpu_flags()[1]
-    return (os.environ.get("ATTNLAB_NATIVE_INT8") != "0" and "avx512_vnni" in flags
-            and "avx512vl" in flags)
-
-
-def int4_dot() -> str | None:
-    """The instructions ``int4_matmul``'s chunk products run on here (``vpdpbusd``,
-    ``vpmaddubsw`` or ``portable``), or None where the kernels do not run."""
-    return torch.ops.attnlab.int4_dot() if available() else None
 
 
 def _cache_dir() -> Path:
@@ -192,11 +171,11 @@ def _load() -> bool:
         return _without("not built on Windows")
     cflags, ldflags = _flags()
     built = _build(cflags, ldflags)
-    if built is not True and (_DPBF16 in cflags or _VNNI in cflags):  # (an old assembler)
-        why, built = built, _build([f for f in cflags if f not in (_DPBF16, _VNNI)], ldflags)
+    if built is not True and _DPBF16 in cflags:  # (an assembler without AVX512-BF16, say)
+        why, built = built, _build([f for f in cflags if f != _DPBF16], ldflags)
         if built is True:  # said, not silent: its FAILED file would keep it off
-            warnings.warn(f"attnlab's AVX-512 kernels (the bf16 batch product, int4's VNNI "
-                          f"products) could not be built ({why}); they run their AVX2 code, "
+            warnings.warn(f"attnlab's AVX512-BF16 batch kernel could not be built ({why}); "
+                          "a step of several bf16 sequences multiplies float32 activations, "
                           "slower", RuntimeWarning, stacklevel=3)
     if built is not True:
         return _without(built)

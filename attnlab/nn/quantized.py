@@ -27,7 +27,7 @@ dequantised ``Ŵ`` never materialised:
   group, both kept in bfloat16, so ``|W − Ŵ| ≤ s / 2`` plus their bf16 rounding,
   ``2⁻⁸ · (|z| + 8·s)``. For a few rows PyTorch's int4 kernel with bfloat16 activations;
   where :mod:`attnlab.cpu` is applied, attnlab's own kernel unpacks the codes on the fly
-  against ``x`` rounded to 8 bits per 32 inputs (:mod:`attnlab.cpu.kernels` states the
+  against ``x`` rounded to 16 bits per 32 inputs (:mod:`attnlab.cpu.kernels` states the
   bound), reading ``s`` and ``b = z − 8s`` in float16 (``b`` rounded once more, by at most
   ``2⁻¹¹ · |b|``; a scale below float16's normal range, 6·10⁻⁵, keeps fewer bits). Many rows
   (a prompt) run a GEMM on ``Ŵ`` in :func:`float_dtype`. 2-bit codes are stored at 2 bits on

@@ -243,30 +243,6 @@ def test_vdpbf16ps_is_built_only_for_a_cpu_with_avx512_bf16_unless_turned_off(mo
     assert "-mavx2" in flags("AVX2", True)
 
 
-def test_vpdpbusd_is_built_only_for_a_cpu_with_avx512_vnni_unless_turned_off(monkeypatch):
-    """int4's VNNI products follow ATen's capability and the CPU's flags (AVX512-VNNI and
-    AVX512-VL); ``ATTNLAB_NATIVE_INT8=0`` (the AVX2 emulation) drops them."""
-    from attnlab import hardware
-
-    def flags(capability: str, cpu: set[str], native: str | None = None) -> list[str]:
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-        monkeypatch.setattr(hardware, "cpu_flags",
-                            lambda: ("Test CPU", frozenset({"avx2", "avx512f"} | cpu)))
-        if native is None:
-            monkeypatch.delenv("ATTNLAB_NATIVE_INT8", raising=False)
-        else:
-            monkeypatch.setenv("ATTNLAB_NATIVE_INT8", native)
-        return cpu_kernels._flags()[0]
-
-    flag, vnni = cpu_kernels._VNNI, {"avx512_vnni", "avx512vl"}
-    assert flag in flags("AVX512", vnni)
-    assert flag in flags("AVX512", vnni, native="1")
-    assert flag not in flags("AVX512", vnni, native="0")
-    assert flag not in flags("AVX512", {"avx512_vnni"})  # no 256-bit form without VL
-    assert flag not in flags("AVX512", set())
-    assert flag not in flags("AVX2", vnni)
-
-
 # --- stacked float projections (fuse_projections_ over KernelLinear) -------------------------
 def _kernel_layers(sizes, bias: bool, in_features: int = 83) -> list[KernelLinear]:
     layers = [torch.nn.Linear(in_features, n, bias=bias) for n in sizes]
@@ -383,29 +359,28 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
         assert ours <= bound, (prompt, ours, scale)
 
 
-@pytest.mark.parametrize("flags", [[cpu_kernels._DPBF16], [cpu_kernels._VNNI],
-                                   [cpu_kernels._DPBF16, cpu_kernels._VNNI]])
-def test_a_build_that_fails_with_avx512_code_is_retried_without_it(monkeypatch, flags):
-    """An assembler or compiler that cannot build the AVX512-BF16 or AVX512-VNNI code must not
-    take the other kernels with it: the build runs again without those flags, and that is said
-    (its FAILED file would otherwise keep it off silently); a second failure is said once."""
+def test_a_build_that_fails_with_vdpbf16ps_is_retried_without_it(monkeypatch):
+    """An assembler or compiler that cannot build the AVX512-BF16 code must not take the other
+    kernels with it: the build runs again without the flag, and that is said (its FAILED file
+    would otherwise keep it off silently); a second failure is said once."""
+    flag = cpu_kernels._DPBF16
     calls = []
 
     def build(cflags, ldflags, fails_without=False):
         calls.append(list(cflags))
-        return "no AVX-512 here" if set(flags) & set(cflags) or fails_without else True
+        return "no AVX512-BF16 here" if flag in cflags or fails_without else True
 
-    monkeypatch.setattr(cpu_kernels, "_flags", lambda: (["-O3", *flags], []))
+    monkeypatch.setattr(cpu_kernels, "_flags", lambda: (["-O3", flag], []))
     monkeypatch.setattr(cpu_kernels, "_DOT_ROWS", cpu_kernels._DOT_ROWS)  # (restored after)
     monkeypatch.setattr(cpu_kernels, "_build", build)
     with pytest.warns(RuntimeWarning) as said:
-        assert cpu_kernels._load() is True and calls == [["-O3", *flags], ["-O3"]]
+        assert cpu_kernels._load() is True and calls == [["-O3", flag], ["-O3"]]
     assert [str(w.message) for w in said] == [
-        "attnlab's AVX-512 kernels (the bf16 batch product, int4's VNNI products) could not "
-        "be built (no AVX-512 here); they run their AVX2 code, slower"]
+        "attnlab's AVX512-BF16 batch kernel could not be built (no AVX512-BF16 here); a step "
+        "of several bf16 sequences multiplies float32 activations, slower"]
     calls.clear()
     monkeypatch.setattr(cpu_kernels, "_build", lambda c, ld: build(c, ld, fails_without=True))
     with pytest.warns(RuntimeWarning) as said:
         assert cpu_kernels._load() is False
-    assert calls == [["-O3", *flags], ["-O3"]] and len(said) == 1
-    assert "could not be built (no AVX-512 here)" in str(said[0].message)
+    assert calls == [["-O3", flag], ["-O3"]] and len(said) == 1
+    assert "could not be built (no AVX512-BF16 here)" in str(said[0].message)

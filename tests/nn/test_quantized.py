@@ -33,7 +33,7 @@ def _codes(out_features=48, in_features=128, group=32, seed=0):
 
 def _int4_error_bound(x, layer):
     """What Int4Linear may differ from x · Ŵᵀ by for a few rows: attnlab's kernel
-    (KernelInt4Linear) rounds x to 8 bits per 32 inputs (½ s_x · |s · c| summed,
+    (KernelInt4Linear) rounds x to 16 bits per 32 inputs (½ s_x · |s · c| summed,
     attnlab/cpu/kernels.py), PyTorch's (the reference layer's, and the fallback) rounds x and
     its output to bf16."""
     x = x.reshape(-1, layer.in_features).double()
@@ -41,7 +41,7 @@ def _int4_error_bound(x, layer):
     magnitude = x.abs() @ w.abs().t()
     if not cpu_kernels.available() or not isinstance(layer, KernelInt4Linear):
         return 2 ** -7 * magnitude
-    step = (x.view(x.shape[0], -1, 32).abs().amax(-1) / 127).repeat_interleave(32, 1)
+    step = (x.view(x.shape[0], -1, 32).abs().amax(-1) / 32767).repeat_interleave(32, 1)
     sc = w - layer.kernel_offsets.double().repeat_interleave(layer.group_size, 1)
     return 0.5 * step @ sc.abs().t() + 2 ** -18 * magnitude
 
