@@ -29,6 +29,27 @@ def arguments(doc: str, data: str, epochs: float, batch: int,
     return p
 
 
+def training_arguments(doc: str, steps: int, batch: int, length: int,
+                       layers: int) -> argparse.ArgumentParser:
+    """The options of the training-throughput pairs (train_marian.py, train_bert_mlm.py)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: torch.autocast(cpu, bfloat16) around both forwards")
+    p.add_argument("--steps", type=int, default=steps, help="timed steps")
+    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first")
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--len", type=int, default=length, help="tokens a sequence")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=layers)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ff", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="initial weights and batches")
+    return p
+
+
 def describe() -> str:
     return (f"{hardware.report()}\ntorch {torch.__version__}, Python "
             f"{platform.python_version()}, {torch.get_num_threads()} threads")
@@ -87,3 +108,41 @@ def train_pair(runs: dict[str, tuple[torch.nn.Module, Callable]], batches, steps
     for m, _ in runs.values():
         m.eval()
     return {"seconds": seconds, "steps": done}
+
+
+def timed_steps(models: dict[str, torch.nn.Module], batches: list, loss_of: Callable,
+                lr: float, warmup_steps: int, bf16: bool) -> tuple[dict, dict]:
+    """Train each model on every batch in turn, alternating who goes first, under
+    ``torch.autocast`` to bf16 when ``bf16``: ``loss_of(name, model, batch)`` gives the loss.
+    AdamW (:func:`optimizer`), constant ``lr``, clipping 1.0. Returns the seconds each spent
+    after ``warmup_steps`` untimed steps, and each one's losses, step by step."""
+    opts = {k: optimizer(m.train(), lr) for k, m in models.items()}
+    seconds = dict.fromkeys(models, 0.0)
+    losses: dict[str, list[float]] = {k: [] for k in models}
+    for step, batch in enumerate(batches):
+        order = list(models) if step % 2 == 0 else list(models)[::-1]
+        for name in order:  # alternate, and alternate who goes first: noise hits both alike
+            model = models[name]
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = loss_of(name, model, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opts[name].step()
+            opts[name].zero_grad(set_to_none=True)
+            if step >= warmup_steps:
+                seconds[name] += time.perf_counter() - start
+            losses[name].append(loss.item())
+        if step == 0:
+            print("step 1 loss: " + ", ".join(f"{k} {v[0]:.6f}" for k, v in losses.items()))
+    return seconds, losses
+
+
+def report(tokens: int, seconds: dict[str, float], losses: dict[str, list[float]]) -> None:
+    """Tokens/s of each side, the largest gap between their losses, and the speed ratio."""
+    rates = {k: tokens / seconds[k] for k in seconds}
+    for name in rates:
+        print(f"{name}: {rates[name]:,.0f} training tokens/s, last loss {losses[name][-1]:.6f}")
+    gap = max(abs(a - b) for a, b in zip(*losses.values(), strict=True))
+    print(f"largest |loss difference| over {len(next(iter(losses.values())))} steps: {gap:.2e}")
+    print(f"speed ratio attnlab / transformers: {rates['attnlab'] / rates['transformers']:.2f}x")
