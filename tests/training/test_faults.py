@@ -36,8 +36,12 @@ def run_cli(args: list[str], fault: str | None = None, **kwargs):
     if fault is None and not kwargs:
         return run(*args)
     env = {**os.environ, **({"ATTNLAB_FAULT": fault} if fault else {})}
+    # SIGINT as a terminal's Ctrl-C finds it: a suite started in the background (`make test &`)
+    # hands its children SIGINT ignored, which the trainer rightly keeps ignored
     return subprocess.run([sys.executable, "-m", "attnlab.cli", *args], capture_output=True,
-                          text=True, timeout=120, env=env, **kwargs)
+                          text=True, timeout=120, env=env,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                          **kwargs)
 
 
 @pytest.fixture(scope="module")
