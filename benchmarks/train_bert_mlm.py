@@ -9,14 +9,16 @@ sequences (``[CLS] ... [SEP]``, no padding) with 15% of the other positions chos
 and their inputs replaced by ``[MASK]`` (the same positions on both sides), the same
 cross-entropy (labels -100 off the targets), the same AdamW (side_by_side.optimizer, weight
 decay on matrices) and clipping 1.0. Dropout is 0 so the two runs stay equal step for step.
-By default both compute the vocabulary logits at every position, as BertForMaskedLM does;
-``--masked-only`` projects only the targets on both sides (attnlab's ``masked_positions``,
-transformers' ``cls`` head on the gathered hidden states). The two models alternate step by
+``--logits`` says where each side computes the vocabulary logits: ``everywhere`` (the default:
+both at every position, the same work); ``targets`` (both only at the targets: attnlab's
+``masked_positions``, transformers' ``cls`` head on the gathered hidden states); ``as-trained``
+(each as its library trains masked-LM: ``attnlab train mlm`` at the targets,
+``BertForMaskedLM(labels=...)`` at every position). The two models alternate step by
 step in one process (who goes first alternates too); warm-up steps are not timed. Tokens
 counted: every input token (batch x len a step).
 
     .venv/bin/python benchmarks/train_bert_mlm.py [--precision fp32|bf16] [--steps 20]
-        [--batch 32] [--len 128] [--threads 2] [--masked-only]
+        [--batch 32] [--len 128] [--threads 2] [--logits everywhere|targets|as-trained]
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def logits_of(name: str, model: torch.nn.Module, ids: torch.Tensor,
 
 def main() -> None:
     p = training_arguments(__doc__, steps=20, batch=32, length=128, layers=4)
-    p.add_argument("--masked-only", action="store_true",
-                   help="vocabulary logits only at the targets, on both sides")
+    p.add_argument("--logits", choices=["everywhere", "targets", "as-trained"],
+                   default="everywhere", help="where each side computes vocabulary logits")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(describe())
@@ -85,13 +87,15 @@ def main() -> None:
     batches = make_batches(total, args.batch, args.len, args.vocab, args.seed)
     print(f"BERT-shaped: d_model {args.d_model}, {args.layers} layers, {args.heads} heads, "
           f"d_ff {args.ff}, vocab {args.vocab}; batch {args.batch} x {args.len}; "
-          f"{args.precision}; logits {'at targets only' if args.masked_only else 'everywhere'}"
+          f"{args.precision}; logits: {args.logits}"
           f"; {args.warmup_steps} warm-up + {args.steps} timed steps")
 
     def loss_of(name: str, model: torch.nn.Module, batch) -> torch.Tensor:
         ids, labels = batch
-        targets = labels != -100 if args.masked_only else None
-        wanted = labels[targets] if args.masked_only else labels.flatten()
+        at_targets = args.logits == "targets" or (args.logits == "as-trained"
+                                                  and name == "attnlab")
+        targets = labels != -100 if at_targets else None
+        wanted = labels[targets] if at_targets else labels.flatten()
         logits = logits_of(name, model, ids, targets)
         return torch.nn.functional.cross_entropy(logits.float().flatten(0, -2), wanted,
                                                  ignore_index=-100)
