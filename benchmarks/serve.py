@@ -1,21 +1,31 @@
-"""Throughput of ``attnlab serve`` under 1, 4 and 8 concurrent clients (#21 item 4).
+"""Throughput of ``attnlab serve`` under 1, 4, 8 and 16 concurrent clients, beside plain batched
+decoding of the same model on the same steps.
 
 The server runs in its own process (``attnlab serve``, as a user starts it); each client is a
-thread of this process with the official ``openai`` client, sending greedy completions one
-after another for ``--seconds``. The figure is the generated tokens of every client together
-(the ``usage`` of each response) over the wall time, and its ratio to one client's: decoding
-reads every weight once per step whatever the batch, so batching concurrent requests should
-multiply it.
+thread of this process with the official ``openai`` client, sending greedy streamed chat
+completions one after another for ``--seconds``. The figures: the generated tokens of every
+client together (the ``usage`` each stream ends with) over the wall time, its ratio to one
+client's, and the time to the first token (median and 90th percentile over the requests).
+Decoding reads every weight once per step whatever the batch, so batching concurrent requests
+should multiply the rate.
 
-    .venv/bin/python benchmarks/serve.py --model smollm2 --clients 1 4 8 --max-tokens 64
+Then, the server stopped, a worker process decodes the same chat prompts as one batch of N
+rows (N = each client count) with the same pipeline ``serve`` builds (``Decoding``, the
+compiled step), ``--max-tokens`` steps a row and no early stop: what the batch alone gives,
+so that the server's own loss (prefill between steps, rows that end early, HTTP, the clients)
+is the difference.
+
+    .venv/bin/python benchmarks/serve.py --model smollm2 --clients 1 4 8 16 --max-tokens 64
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -66,12 +76,15 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     sys.exit("the server did not start within 300 s")
 
 
-def run_clients(url: str, clients: int, seconds: float, max_tokens: int) -> tuple[int, float]:
-    """Each client sends completions back to back until ``seconds`` have passed (the last one
-    finishes); (generated tokens, wall seconds)."""
+def run_clients(url: str, clients: int, seconds: float,
+                max_tokens: int) -> tuple[int, float, list[float]]:
+    """Each client sends streamed completions back to back until ``seconds`` have passed (the
+    last one finishes); (generated tokens, wall seconds, each request's seconds to its first
+    piece of text)."""
     import openai
 
     tokens = [0] * clients
+    firsts: list[float] = []
     end = time.monotonic() + seconds
 
     def client(i: int) -> None:
@@ -79,9 +92,16 @@ def run_clients(url: str, clients: int, seconds: float, max_tokens: int) -> tupl
         k = i
         while time.monotonic() < end:
             chat = [{"role": "user", "content": PROMPTS[k % len(PROMPTS)]}]
-            r = c.chat.completions.create(model="m", messages=chat, max_tokens=max_tokens,
-                                          temperature=0)
-            tokens[i] += r.usage.completion_tokens
+            sent, first = time.monotonic(), None
+            for chunk in c.chat.completions.create(
+                    model="m", messages=chat, max_tokens=max_tokens, temperature=0,
+                    stream=True, stream_options={"include_usage": True}):
+                if first is None and chunk.choices and chunk.choices[0].delta.content:
+                    first = time.monotonic() - sent
+                if chunk.usage is not None:
+                    tokens[i] += chunk.usage.completion_tokens
+            if first is not None:
+                firsts.append(first)
             k += clients
 
     begun = time.monotonic()
@@ -90,13 +110,48 @@ def run_clients(url: str, clients: int, seconds: float, max_tokens: int) -> tupl
         t.start()
     for t in threads:
         t.join()
-    return sum(tokens), time.monotonic() - begun
+    return sum(tokens), time.monotonic() - begun, firsts
+
+
+def batch_worker(args) -> None:
+    """In its own process: the same prompts as batches of each client count, decoded by the
+    pipeline serve builds for ``--max-batch`` rows; prints one JSON line of tokens/s."""
+    import json
+
+    import torch
+
+    from attnlab.generation.chat import chat_template_for
+    from attnlab.generation.decode import generate
+    from attnlab.generation.pipeline import Decoding, DecodingOptions
+    from attnlab.storage import load
+
+    loaded = load(args.model, int4=args.int4)
+    options = DecodingOptions(precision=args.precision, bits=4 if args.int4 else None,
+                              compile=args.compile, rows=max(args.clients),
+                              max_new_tokens=args.max_tokens)
+    decoding = Decoding(loaded, options)
+    template = chat_template_for(loaded)
+    prompts = [loaded.tokenizer.encode(template.render([{"role": "user", "content": p}]))
+               for p in PROMPTS]
+    rates = {}
+    for n in args.clients:
+        rows = [prompts[i % len(prompts)] for i in range(n)]
+        width = max(map(len, rows))
+        pad = loaded.config.pad_id or 0
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        with torch.inference_mode():  # the first call compiles this shape
+            generate(decoding.model, ids, args.max_tokens, mask, compiled=decoding.compiled)
+            begun = time.perf_counter()
+            generate(decoding.model, ids, args.max_tokens, mask, compiled=decoding.compiled)
+        rates[n] = n * args.max_tokens / (time.perf_counter() - begun)
+    print(json.dumps(rates))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seconds", type=float, default=30.0,
                    help="how long each client count runs (requests in flight then finish)")
@@ -105,7 +160,12 @@ def main() -> None:
     p.add_argument("--verbose", action="store_true", help="the server's log on stderr")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="serve's compiled step (its default; the compile falls in the warm-up)")
+    p.add_argument("--batch-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-batch", action="store_true",
+                   help="skip plain batched decoding after the server")
     args = p.parse_args()
+    if args.batch_worker:
+        return batch_worker(args)
     import torch
 
     from attnlab import hardware
@@ -118,22 +178,35 @@ def main() -> None:
         run_clients(url, 1, 0.1, 8)  # warm up: the first forward allocates (and compiles)
         rows = []
         for n in args.clients:
-            tokens, wall = run_clients(url, n, args.seconds, args.max_tokens)
-            rows.append((n, tokens, wall, tokens / wall))
+            tokens, wall, firsts = run_clients(url, n, args.seconds, args.max_tokens)
+            rows.append((n, tokens, wall, tokens / wall, statistics.median(firsts),
+                         statistics.quantiles(firsts, n=10)[-1] if len(firsts) > 1
+                         else firsts[0]))
             print(f"{n} clients: {tokens} tokens in {wall:.1f} s", flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    batched = {}
+    if not args.no_batch:
+        worker = subprocess.run([sys.executable, __file__, "--batch-worker", *sys.argv[1:]],
+                                capture_output=True, text=True, timeout=1800)
+        if worker.returncode:
+            sys.exit(f"the batch worker failed:\n{worker.stderr}")
+        batched = {int(k): v for k, v in json.loads(worker.stdout.splitlines()[-1]).items()}
     base = rows[0][3]
     print(f"\nattnlab serve --model {args.model} --precision {args.precision}"
           f"{' --int4' if args.int4 else ''}{'' if args.compile else ' --no-compile'}, "
-          "greedy chat completions of up to "
-          f"{args.max_tokens} tokens, {torch.get_num_threads()} threads\n")
-    print("| clients | tokens | seconds | tokens/s | vs 1 client |")
-    print("|---|---|---|---|---|")
-    for n, tokens, wall, rate in rows:
-        print(f"| {n} | {tokens} | {wall:.1f} | {rate:.1f} | {rate / base:.2f}x |")
-
+          "greedy streamed chat completions of up to "
+          f"{args.max_tokens} tokens, {torch.get_num_threads()} threads; batched: the same "
+          f"pipeline, one batch of N prompts, {args.max_tokens} steps\n")
+    print("| clients | tokens/s | vs 1 client | first token, median / p90 (s) | batched N "
+          "tokens/s | vs batched 1 | serve / batched |")
+    print("|---|---|---|---|---|---|---|")
+    for n, _, _, rate, median, p90 in rows:
+        b = batched.get(n)
+        extra = (f"{b:.1f} | {b / batched[args.clients[0]]:.2f}x | {rate / b:.2f}"
+                 if b else "– | – | –")
+        print(f"| {n} | {rate:.1f} | {rate / base:.2f}x | {median:.2f} / {p90:.2f} | {extra} |")
 
 if __name__ == "__main__":
     main()
