@@ -12,7 +12,7 @@ time). The bandwidth line is this machine's matrix-vector rate, as ``benchmarks/
 measures it.
 
     .venv/bin/python benchmarks/profile_decode.py --precision fp32|bf16|int4|int8 [--compile]
-        [--tokens 32] [--capacity 512]
+        [--tokens 32] [--capacity 512] [--rows 1]
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ def main() -> None:
     p.add_argument("--capacity", type=int, default=None,
                    help="the static cache's slots (default: the bucket the tokens need)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", type=int, default=1,
+                   help="decode this many copies of the prompt as one batch")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch._inductor.config.cpp.enable_kernel_profile = True  # name each C++ kernel
@@ -91,7 +93,7 @@ def main() -> None:
     loaded = attnlab.load(str(smollm2_path()), int4=int4, int8=int8)
     model = for_decoding(loaded.model, "cpu", "bf16" if int4 or int8 else args.precision,
                          int4 or int8)
-    prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")])
+    prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")] * args.rows)
     warm, n = 3, args.tokens
     with torch.no_grad():
         cache = model.new_cache(capacity=prompt.shape[1] + warm + n, rolling=False)
@@ -141,7 +143,8 @@ def main() -> None:
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{args.threads} threads; matrix-vector bandwidth {bw:.1f} GB/s")
     print(f"# SmolLM2-135M {args.precision}{' compiled' if args.compile else ' eager'}: "
-          f"{tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tokens/s, profiler on); "
+          f"{args.rows} row(s), {tokens} steps in {seconds:.2f} s "
+          f"({tokens * args.rows / seconds:.1f} tokens/s, profiler on); "
           f"profiled ops {step_us / 1000:.2f} ms a token")
     print("| op | calls/token | µs/token | share | MB read/token | GB/s |")
     print("|---|---|---|---|---|---|")

@@ -5,7 +5,9 @@ The server runs in its own process (``attnlab serve``, as a user starts it); eac
 thread of this process with the official ``openai`` client, sending greedy streamed chat
 completions one after another for ``--seconds``. The figures: the generated tokens of every
 client together (the ``usage`` each stream ends with) over the wall time, its ratio to one
-client's, and the time to the first token (median and 90th percentile over the requests).
+client's, the time to the first token (median and 90th percentile over the requests), and the
+share of requests whose text is the one its prompt gets sent alone (greedy: a batch must not
+change it; in bf16 with AVX512-BF16 a batch's products round differently, so it may).
 Decoding reads every weight once per step whatever the batch, so batching concurrent requests
 should multiply the rate.
 
@@ -76,15 +78,17 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     sys.exit("the server did not start within 300 s")
 
 
-def run_clients(url: str, clients: int, seconds: float,
-                max_tokens: int) -> tuple[int, float, list[float]]:
+def run_clients(url: str, clients: int, seconds: float, max_tokens: int,
+                reference: dict[int, str] | None = None) -> tuple[int, float, list[float], float]:
     """Each client sends streamed completions back to back until ``seconds`` have passed (the
     last one finishes); (generated tokens, wall seconds, each request's seconds to its first
-    piece of text)."""
+    piece of text, the share of requests whose text is ``reference``'s for their prompt:
+    the text it got alone)."""
     import openai
 
     tokens = [0] * clients
     firsts: list[float] = []
+    same: list[bool] = []
     end = time.monotonic() + seconds
 
     def client(i: int) -> None:
@@ -92,16 +96,19 @@ def run_clients(url: str, clients: int, seconds: float,
         k = i
         while time.monotonic() < end:
             chat = [{"role": "user", "content": PROMPTS[k % len(PROMPTS)]}]
-            sent, first = time.monotonic(), None
+            sent, first, text = time.monotonic(), None, []
             for chunk in c.chat.completions.create(
                     model="m", messages=chat, max_tokens=max_tokens, temperature=0,
                     stream=True, stream_options={"include_usage": True}):
-                if first is None and chunk.choices and chunk.choices[0].delta.content:
-                    first = time.monotonic() - sent
+                if chunk.choices and chunk.choices[0].delta.content:
+                    first = time.monotonic() - sent if first is None else first
+                    text.append(chunk.choices[0].delta.content)
                 if chunk.usage is not None:
                     tokens[i] += chunk.usage.completion_tokens
             if first is not None:
                 firsts.append(first)
+            if reference is not None:
+                same.append("".join(text) == reference[k % len(PROMPTS)])
             k += clients
 
     begun = time.monotonic()
@@ -110,7 +117,17 @@ def run_clients(url: str, clients: int, seconds: float,
         t.start()
     for t in threads:
         t.join()
-    return sum(tokens), time.monotonic() - begun, firsts
+    return sum(tokens), time.monotonic() - begun, firsts, sum(same) / max(len(same), 1)
+
+
+def alone(url: str, max_tokens: int) -> dict[int, str]:
+    """Each prompt's greedy text, sent one at a time (the answers a batch must keep)."""
+    import openai
+
+    c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    return {k: c.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": p}], max_tokens=max_tokens,
+        temperature=0).choices[0].message.content for k, p in enumerate(PROMPTS)}
 
 
 def batch_worker(args) -> None:
@@ -176,12 +193,14 @@ def main() -> None:
     proc, url = start_server(args)
     try:
         run_clients(url, 1, 0.1, 8)  # warm up: the first forward allocates (and compiles)
+        reference = alone(url, args.max_tokens)
         rows = []
         for n in args.clients:
-            tokens, wall, firsts = run_clients(url, n, args.seconds, args.max_tokens)
+            tokens, wall, firsts, same = run_clients(url, n, args.seconds, args.max_tokens,
+                                                     reference)
             rows.append((n, tokens, wall, tokens / wall, statistics.median(firsts),
                          statistics.quantiles(firsts, n=10)[-1] if len(firsts) > 1
-                         else firsts[0]))
+                         else firsts[0], same))
             print(f"{n} clients: {tokens} tokens in {wall:.1f} s", flush=True)
     finally:
         proc.terminate()
@@ -199,14 +218,15 @@ def main() -> None:
           "greedy streamed chat completions of up to "
           f"{args.max_tokens} tokens, {torch.get_num_threads()} threads; batched: the same "
           f"pipeline, one batch of N prompts, {args.max_tokens} steps\n")
-    print("| clients | tokens/s | vs 1 client | first token, median / p90 (s) | batched N "
-          "tokens/s | vs batched 1 | serve / batched |")
-    print("|---|---|---|---|---|---|---|")
-    for n, _, _, rate, median, p90 in rows:
+    print("| clients | tokens/s | vs 1 client | first token, median / p90 (s) | texts as alone "
+          "| batched N tokens/s | vs batched 1 | serve / batched |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, _, _, rate, median, p90, same in rows:
         b = batched.get(n)
         extra = (f"{b:.1f} | {b / batched[args.clients[0]]:.2f}x | {rate / b:.2f}"
                  if b else "– | – | –")
-        print(f"| {n} | {rate:.1f} | {rate / base:.2f}x | {median:.2f} / {p90:.2f} | {extra} |")
+        print(f"| {n} | {rate:.1f} | {rate / base:.2f}x | {median:.2f} / {p90:.2f} | "
+              f"{same:.0%} | {extra} |")
 
 if __name__ == "__main__":
     main()

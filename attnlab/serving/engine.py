@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep
 from attnlab.generation.decode import next_tokens
-from attnlab.serving.static_batch import StaticBatch
+from attnlab.serving.static_batch import StaticBatch, row_buckets
 
 
 @dataclass
@@ -116,13 +116,14 @@ class Engine:
         return self
 
     def warm_up(self, token: int = 0) -> float:
-        """With a compiled step, compile its graphs now (a full batch, then one request
-        alone, at the first capacity bucket) rather than while clients wait: dummy requests of
-        one ``token`` run through the engine. Returns the seconds it took."""
+        """With a compiled step, compile its graphs now (each row bucket of the static batch,
+        the full batch first, at the first capacity bucket) rather than while clients wait:
+        dummy requests of one ``token`` run through the engine. Returns the seconds it
+        took."""
         begun = time.perf_counter()
         if self.compiled is None:
             return 0.0
-        for count in (self.max_batch, 1):
+        for count in reversed(row_buckets(self.max_batch)):
             done = [threading.Event() for _ in range(count)]
             with self._wake:  # all at once, so that they join the same step
                 for event in done:

@@ -11,9 +11,10 @@ lives in storage that only changes at rare moments:
 Rows in flight are the first ``rows`` rows; the others are spare and their outputs ignored.
 Every row ends at column ``slot − 1`` (right-aligned, as in the eager engine), so one slot
 serves the batch, and each row's positions come from its own count of real tokens. The
-compiled step (:func:`~attnlab.generation.compiled.one_token`) runs on the first row alone or
-on all ``max_batch`` rows, so it sees two shapes per capacity bucket, whatever the number of
-requests in flight.
+compiled step (:func:`~attnlab.generation.compiled.one_token`) runs on the first 1, 2, 4, …
+rows (the fewest that hold the rows in flight) or all ``max_batch``: a few shapes per capacity
+bucket whatever the number of requests, and a step never pays for many more spare rows than
+it has rows in flight.
 
 When requests join, their prompt's keys and values (prefilled eagerly) are copied in,
 right-aligned at ``slot`` (the columns move right first if a prompt is longer than ``slot``).
@@ -32,6 +33,18 @@ from attnlab.generation.compiled import CompiledStep, capacity_for
 from attnlab.nn.cache import SelfAttentionCache, StaticCache
 
 
+def row_buckets(max_batch: int) -> list[int]:
+    """The row counts the step is compiled for: the powers of two below ``max_batch``, then
+    ``max_batch`` itself (``8 -> [1, 2, 4, 8]``, ``6 -> [1, 2, 4, 6]``)."""
+    if max_batch < 1:
+        raise ValueError(f"a batch needs at least one row, got {max_batch}")
+    counts, n = [], 1
+    while n < max_batch:
+        counts.append(n)
+        n *= 2
+    return [*counts, max_batch]
+
+
 class StaticBatch:
     """The rows in flight in static storage, and the compiled step that decodes them."""
 
@@ -44,6 +57,7 @@ class StaticBatch:
         self.rows = 0
         self.token: Tensor | None = None  # (max_batch, 1), the step's own input buffer
         self.repacks = 0  # how often the storage was remade (tests, logs)
+        self.buckets = row_buckets(max_batch)
 
     def _first(self) -> int:
         """The first column a row in flight uses (``slot`` when none)."""
@@ -119,14 +133,15 @@ class StaticBatch:
 
     def __call__(self, last: Tensor) -> Tensor:
         """Float32 logits ``(rows, vocab)`` of each row's newest token ``last (rows,)``. The
-        step runs on the first row alone when it is the only one (spare rows would cost a
-        single request as much as a full batch), else on all ``max_batch`` rows: two graphs a
-        capacity bucket, which :meth:`Engine.warm_up <attnlab.serving.engine.Engine.warm_up>`
-        compiles before the server listens."""
+        step runs on the first ``bucket`` rows, the smallest of :attr:`buckets` that holds the
+        rows in flight: spare rows cost as much as real ones, so three requests run four rows
+        rather than ``max_batch``. One graph per bucket and capacity, which
+        :meth:`Engine.warm_up <attnlab.serving.engine.Engine.warm_up>` compiles before the
+        server listens."""
         if self.slot == self.cache.capacity:  # full: cut the padding, or grow a bucket
             span = self.slot - self._first()
             self._repack(span, capacity_for(span + 1, self.context), like=self.cache)
-        rows = 1 if self.rows == 1 else self.max_batch
+        rows = next(n for n in self.buckets if n >= self.rows)
         self.token[: self.rows, 0] = last
         self.key_mask[:, self.slot] = True  # spare rows too: none is fully masked
         logits = self.step(self.model, self.token[:rows], self.key_mask[:rows],
@@ -136,4 +151,4 @@ class StaticBatch:
         return logits[: self.rows]
 
 
-__all__ = ["StaticBatch"]
+__all__ = ["StaticBatch", "row_buckets"]

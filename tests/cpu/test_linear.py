@@ -44,6 +44,32 @@ def test_few_rows_run_the_kernel_and_equal_the_float64_product(bias):
         assert torch.allclose(got, exact, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_row_in_a_batch_gets_the_bits_it_gets_alone(dtype):
+    """The kernel takes rows of x two or three at a time against each weight row; each row's
+    sums still run in the one-row order, so a batched step decodes the same bits as each
+    sequence alone (what serving's batched answers rest on): 1 to 8 rows, widths with every
+    tail (32-wide blocks, 8-wide ones, single inputs), x float32 and, for 16-bit weights, x of
+    the weight's dtype."""
+    torch.manual_seed(0)
+    for k in (83, 576, 7):
+        w = torch.randn(37, k).to(dtype)
+        b = torch.randn(37)
+        xs = [torch.randn(8, k)] + ([torch.randn(8, k).to(dtype)] if dtype != torch.float32
+                                    else [])
+        for x8 in xs:
+            bias = b.to(x8.dtype)
+            for m in range(1, 9):
+                x = x8[:m].contiguous()
+                batch = torch.ops.attnlab.float_matmul(x, w, bias)
+                alone = torch.cat([torch.ops.attnlab.float_matmul(x[i : i + 1], w, bias)
+                                   for i in range(m)])
+                assert torch.equal(batch, alone), (k, m, x.dtype)
+                exact = (x.double() @ w.double().t() + bias.double()).to(x.dtype)
+                tol = 1e-5 if x.dtype == torch.float32 else 2e-2
+                assert torch.allclose(batch, exact, atol=tol * k ** 0.5, rtol=tol)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_everything_else_is_nn_linears_own_product(bias):
     """More rows than the kernel takes, a gradient to pass (of x, or of the bias alone),

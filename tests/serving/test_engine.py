@@ -20,7 +20,8 @@ from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep
 from attnlab.generation.decode import generate
 from attnlab.generation.pipeline import TextStream
-from attnlab.serving.engine import Engine, Request
+from attnlab.serving.engine import Engine, Handle, Request
+from attnlab.serving.static_batch import row_buckets
 from tests.sampling import constant_logits_model, reference_draws
 
 FAMILIES = {
@@ -117,6 +118,49 @@ def test_a_full_static_batch_cuts_its_padding_and_decodes_on():
     for p, r in zip(prompts, runs, strict=True):
         assert r.tokens == generate(model, torch.tensor([p]), 40)[0, len(p):].tolist()
     assert engine._static.repacks == 2  # the first storage, and the cut at column 64
+
+
+class Spy(CompiledStep):
+    """The eager-backend step, noting how many rows each call ran."""
+
+    def __init__(self):
+        super().__init__(backend="eager")
+        self.rows: list[int] = []
+
+    def __call__(self, model, token, *args, **kwargs):
+        self.rows.append(token.shape[0])
+        return super().__call__(model, token, *args, **kwargs)
+
+
+def test_the_step_runs_the_fewest_bucket_rows_that_hold_the_requests():
+    """Buckets are the powers of two below ``max_batch``, then ``max_batch``; warming up
+    compiles one graph each; three requests in flight run four rows, not eight, and still get
+    the tokens of decoding alone."""
+    assert row_buckets(1) == [1]
+    assert row_buckets(6) == [1, 2, 4, 6]
+    assert row_buckets(8) == [1, 2, 4, 8]
+    with pytest.raises(ValueError):
+        row_buckets(0)
+    model = _model("llama")
+    step = Spy()
+    engine = Engine(model, max_batch=8, compiled=step).start()
+    try:
+        engine.warm_up()
+        assert step.compiles == 4 and sorted(set(step.rows)) == [1, 2, 4, 8]
+        step.rows.clear()
+        prompts = [[7, 9, 11], [8, 12], [30, 4, 5, 6]]
+        runs = [Collect() for _ in prompts]
+        with engine._wake:  # all three join the same step
+            for p, r in zip(prompts, runs, strict=True):
+                engine._waiting.append(Handle(Request(p, 6, r)))
+            engine._wake.notify()
+        for r in runs:
+            assert r.done.wait(30)
+    finally:
+        engine.stop()
+    assert set(step.rows) == {4} and step.compiles == 4  # no new graph
+    for p, r in zip(prompts, runs, strict=True):
+        assert r.tokens == generate(model, torch.tensor([p]), 6)[0, len(p):].tolist()
 
 
 def test_the_batch_never_holds_more_than_max_batch_rows_and_cancel_ends_a_row():
