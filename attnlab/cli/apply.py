@@ -6,6 +6,7 @@ Each command loads the model (:mod:`attnlab.sentence_encoder`) and calls its tas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 from attnlab.cli.common import (
@@ -19,8 +20,12 @@ from attnlab.cli.common import (
 
 
 def _encoder(args: argparse.Namespace, head: str | None = None):
-    """The ``--model`` encoder (with a ``head``, if given) on ``--device``, and the precision
-    to run it in."""
+    """The ``--model`` encoder (with a ``head``, if given) on ``--device``; the context its
+    forward passes run in; and what the announce line says of the precision. On a CPU, fp32
+    and bf16 run the matrices packed once for oneDNN (:func:`attnlab.cpu.encoder.for_encoding`:
+    bf16 products, float32 activations), elsewhere under autocast."""
+    from attnlab import hardware
+    from attnlab.cpu.encoder import for_encoding
     from attnlab.errors import UnsupportedFormat
     from attnlab.sentence_encoder import load_encoder
 
@@ -30,24 +35,28 @@ def _encoder(args: argparse.Namespace, head: str | None = None):
         raise UnsupportedFormat(f"{enc.path}: model has head={enc.model.config.head!r}, not "
                                 f"{head!r}, which '{args.command}' needs")
     enc.model.to(device)
-    return enc, device, precision
+    if device.type == "cpu" and precision in ("fp32", "bf16") and for_encoding(enc.model,
+                                                                              precision):
+        said = ("fp32, packed matrices" if precision == "fp32" else
+                "bf16 products on packed matrices, float32 activations")
+        return enc, device, contextlib.nullcontext, said
+    return enc, device, lambda: hardware.autocast(device, precision), precision
 
 
 def cmd_classify(args: argparse.Namespace) -> None:
     """The label, its probability and the text (a pair: both texts, a tab between them)."""
-    from attnlab import hardware
     from attnlab.tasks.classify import Example, classify_examples
 
     if args.pair and args.text:
         raise UsageError("give texts or --pair A B, not both")
-    enc, device, precision = _encoder(args, head="classify")
+    enc, device, precision_of, said = _encoder(args, head="classify")
     labels = enc.labels or [str(i) for i in range(enc.model.config.num_labels)]
     if args.pair:
         inputs = [Example(str(i), a, "", b) for i, (a, b) in enumerate(args.pair)]
     else:
         inputs = [Example(str(i), t, "") for i, t in enumerate(texts(args, skip_blank=True))]
-    announce(args, enc.path, device, precision)
-    with hardware.autocast(device, precision):
+    announce(args, enc.path, device, said)
+    with precision_of():
         probs = classify_examples(enc, inputs, pool=args.pool, stride=args.stride,
                                   truncation=args.truncation)
     for e, p in zip(inputs, probs, strict=True):
@@ -57,13 +66,12 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
-    from attnlab import hardware
     from attnlab.sentence_encoder import embed_sentences
 
-    enc, device, precision = _encoder(args)
+    enc, device, precision_of, said = _encoder(args)
     inputs = texts(args, skip_blank=True)
-    announce(args, enc.path, device, precision)
-    with hardware.autocast(device, precision):
+    announce(args, enc.path, device, said)
+    with precision_of():
         vectors = embed_sentences(enc, inputs, normalize=not args.no_normalize).float()
     if args.json:
         for text, v in zip(inputs, vectors, strict=True):
@@ -84,14 +92,13 @@ def cmd_embed(args: argparse.Namespace) -> None:
 def cmd_ner(args: argparse.Namespace) -> None:
     """Each text with its entities in brackets, ``[ORG EU] rejects [MISC German] call``; with
     ``--json``, one object a text with each entity's type, text and character span."""
-    from attnlab import hardware
     from attnlab.tasks.ner.predict import tag_text
 
-    enc, device, precision = _encoder(args, head="tokens")
+    enc, device, precision_of, said = _encoder(args, head="tokens")
     inputs = texts(args, skip_blank=True)
-    announce(args, enc.path, device, precision)
+    announce(args, enc.path, device, said)
     for text in inputs:
-        with hardware.autocast(device, precision):
+        with precision_of():
             found = tag_text(enc.model, enc.tokenizer, text)
         if args.json:
             print(json.dumps({"text": text, "entities": [
@@ -107,19 +114,18 @@ def cmd_ner(args: argparse.Namespace) -> None:
 
 def cmd_qa(args: argparse.Namespace) -> None:
     """The answer's text; with ``--json`` also its score and character span."""
-    from attnlab import hardware
     from attnlab.files import read_text
     from attnlab.tasks.qa.predict import answer, reading_window
 
-    enc, device, precision = _encoder(args, head="qa")
+    enc, device, precision_of, said = _encoder(args, head="qa")
     context = read_text(args.context)
     max_len, stride = reading_window(enc, args.max_len, args.stride)
     if args.max_answer_len < 1:
         raise UsageError(f"--max-answer-len must be at least 1, got {args.max_answer_len}")
     questions = texts(args, skip_blank=True)
-    announce(args, enc.path, device, precision)
+    announce(args, enc.path, device, said)
     for question in questions:
-        with hardware.autocast(device, precision):
+        with precision_of():
             text, score, start, end = answer(enc.model, enc.tokenizer, question, context,
                                              max_len, stride, args.max_answer_len)
         if args.json:

@@ -1,0 +1,142 @@
+"""Preparing an encoder for inference on a CPU: its matrices packed once for oneDNN.
+
+An encoder's forward pass (BERT, MiniLM: ``embed``, ``classify``, ``ner``, ``qa``) is matrix
+products over every token of a batch, ``x (tokens, in) · Wᵀ``, bound by arithmetic, not by the
+bytes of ``W`` as decoding is. PyTorch's ``nn.Linear`` hands ``W`` to the BLAS at every call,
+which lays it out in the blocks its inner loop reads, each time. Packing ``W`` once in oneDNN's
+own blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and multiplying with
+``_linear_pointwise`` skips that, and oneDNN's kernels run nearer the CPU's peak on the shapes
+of a sentence encoder (docs/benchmarks.md, "Encoders against onnxruntime").
+
+    y = x · Wᵀ + b          the same product; only where ``W`` is kept and who multiplies
+
+:func:`for_encoding` swaps :class:`PackedLinear` in for the linears of a model from beside it,
+as :func:`~attnlab.cpu.prepare.for_decoding` swaps in the decoding kernels, and BERT's
+feed-forward for :class:`PackedFeedForward`, whose GELU oneDNN applies inside ``W₁``'s product.
+In ``bf16`` the packed matrices are bf16 and each product rounds its input to bf16, sums in
+float32 and rounds its result to bf16 (as autocast's linear does), returned as float32: the
+norms, softmax, attention and the residual stream stay float32, without casting every weight
+at every call.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import BadInput
+from attnlab.nn.feedforward import FeedForward
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_WORKS: bool | None = None  # whether oneDNN's packed product runs here (asked once)
+
+
+def packed_products() -> bool:
+    """Whether this PyTorch packs and multiplies linears with oneDNN here: built with it, the
+    ops present, and a small product equal to ``nn.Linear``'s (asked once; where it is not,
+    encoders keep ``nn.Linear``, with one warning)."""
+    global _WORKS
+    if _WORKS is None:
+        why = None
+        if not torch.backends.mkldnn.is_available():
+            why = "this PyTorch has no oneDNN"
+        else:
+            try:
+                w, x = torch.randn(24, 40), torch.randn(3, 40)
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, 3)
+                y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+                if not torch.allclose(y, x @ w.t(), atol=1e-4, rtol=1e-4):
+                    why = "its product differs from nn.Linear's"
+            except (RuntimeError, AttributeError) as error:
+                why = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        _WORKS = why is None
+        if why is not None:
+            warnings.warn(f"oneDNN's packed matrix product is not available ({why}); encoders "
+                          "run nn.Linear's product", RuntimeWarning, stacklevel=2)
+    return _WORKS
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` whose inference products on a CPU run oneDNN on ``W`` packed once, in
+    ``packed_dtype`` (float32, or bf16 with ``x`` rounded to it and ``y`` rounded to it once,
+    then returned float32).
+    ``weight`` and ``bias`` stay the float parameters they were (saving, adapters, training
+    read them); a gradient to pass, autocast, another device or a dtype of ``x`` other than
+    float32 is ``nn.Linear``'s own product. A weight changed in place since (an optimizer's
+    step, ``load_state_dict``) is packed again at the next product."""
+
+    packed: Tensor
+    packed_bias: Tensor | None
+    packed_dtype: torch.dtype
+
+    def pack(self, dtype: torch.dtype, rows_hint: int = 128) -> PackedLinear:
+        """Pack ``W`` (and the bias) in ``dtype``; ``rows_hint``: the rows a product usually
+        has, which oneDNN may choose its layout by (any count works)."""
+        w = self.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous(),
+                                                              rows_hint)
+        self.packed_bias = None if self.bias is None else self.bias.detach().to(dtype)
+        self.packed_dtype = dtype
+        self._packed_version = self.weight._version
+        return self
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.product(x) if self._packed_applies(x) else super().forward(x)
+
+    def product(self, x: Tensor, then: str = "none", form: str = "") -> Tensor:
+        """oneDNN's product on the packed ``W``; ``then``/``form``: a function it applies to
+        the result in the same pass (``"gelu", "none"``: the exact erf GELU)."""
+        if self.weight._version != self._packed_version:  # changed in place (a step, a load)
+            self.pack(self.packed_dtype)
+        low = self.packed_dtype != torch.float32
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.packed_dtype) if low else x,
+                                               self.packed, self.packed_bias, then, [], form)
+        return y.float() if low else y
+
+    def _packed_applies(self, x: Tensor) -> bool:
+        grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad or
+                                            self.bias is not None and self.bias.requires_grad)
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and not grad
+                and not torch.is_autocast_enabled("cpu") and x.shape[-1] == self.in_features
+                and x.numel() > 0)
+
+
+class PackedFeedForward(FeedForward):
+    """BERT's feed-forward, ``W₂ · GELU(W₁ x + b₁) + b₂``, with the GELU applied by oneDNN
+    inside ``W₁``'s product (one pass over the ``(tokens, d_ff)`` hidden layer fewer) where
+    ``W₁`` is packed and its product applies; otherwise :class:`FeedForward`'s own forward."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if isinstance(self.w1, PackedLinear) and self.w1._packed_applies(x):
+            return self.w2(self.dropout(self.w1.product(x, "gelu", "none")))
+        return super().forward(x)
+
+
+def for_encoding(model: nn.Module, precision: str = "fp32") -> bool:
+    """Pack the float linears of a CPU ``model`` for inference (:class:`PackedLinear`), their
+    products in ``precision`` ("fp32" or "bf16"); returns whether it did. Nothing changes where
+    the model is not on a CPU, oneDNN cannot run (one warning) or the linears are not plain
+    float32 ``nn.Linear`` (integer, LoRA-wrapped or already packed layers keep theirs). The
+    model's parameters, names and ``state_dict`` are untouched; the packed copies cost the
+    memory of the matrices again (half of it in bf16)."""
+    if precision not in DTYPES:
+        raise BadInput(f"an encoder's packed products run in {' or '.join(DTYPES)}, "
+                       f"not {precision!r}")
+    first = next(model.parameters(), None)
+    if first is None or first.device.type != "cpu" or not packed_products():
+        return False
+    linears = [m for m in model.modules()
+               if type(m) is nn.Linear and m.weight.dtype == torch.float32]
+    for layer in linears:
+        layer.__class__ = PackedLinear
+        layer.pack(DTYPES[precision])
+    for block in model.modules():  # the exact GELU, ungated: fused into W₁'s product
+        if (type(block) is FeedForward and block.activation == "gelu" and block.w3 is None
+                and block.w13 is None and isinstance(block.w1, PackedLinear)):
+            block.__class__ = PackedFeedForward
+    return bool(linears)
+
+
+__all__ = ["PackedFeedForward", "PackedLinear", "for_encoding", "packed_products"]

@@ -1,0 +1,106 @@
+"""attnlab.cpu.encoder: linears packed for oneDNN, against float64 products and transformers'
+BERT with the same weights."""
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from attnlab import from_pretrained
+from attnlab.cpu.encoder import PackedFeedForward, PackedLinear, for_encoding, packed_products
+from attnlab.errors import BadInput
+
+pytestmark = pytest.mark.skipif(not packed_products(), reason="oneDNN's packed product is "
+                                "not available in this PyTorch")
+
+BERT = dict(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=100, max_position_embeddings=64)
+
+
+def _packed(dtype: torch.dtype, bias: bool = True) -> tuple[nn.Linear, PackedLinear]:
+    torch.manual_seed(0)
+    plain = nn.Linear(83, 45, bias=bias)
+    layer = nn.Linear(83, 45, bias=bias)
+    layer.load_state_dict(plain.state_dict())
+    layer.__class__ = PackedLinear
+    return plain, layer.pack(dtype)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp32_products_equal_the_float64_product(bias):
+    """Any leading shape and row count (the layout is packed for 128 rows), within 1e-5."""
+    plain, layer = _packed(torch.float32, bias)
+    exact = nn.Linear(83, 45, bias=bias).double()
+    exact.load_state_dict(plain.state_dict())
+    for x in (torch.randn(1, 83), torch.randn(2, 70, 83), torch.randn(300, 83)):
+        with torch.no_grad():
+            got = layer(x)
+            want = exact(x.double())
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_products_round_the_input_and_weight_and_sum_in_float32():
+    """bf16: y = bf16(bf16(x) · bf16(W)ᵀ + bf16(b)), each product exact, the sums float32 and
+    the result rounded once to bf16 (as autocast's linear), returned float32: within half a
+    bf16 step of that float64 product."""
+    plain, layer = _packed(torch.bfloat16)
+    x = torch.randn(2, 70, 83)
+    with torch.no_grad():
+        got = layer(x)
+        x2, w2, b2 = (t.bfloat16().double() for t in (x, plain.weight, plain.bias))
+        want = x2 @ w2.t() + b2
+    assert got.dtype == torch.float32
+    assert ((got.double() - want).abs() <= want.abs() * 2**-8 + 1e-6).all()
+    assert not torch.allclose(got, plain(x), atol=1e-4)  # it did round (not fp32's product)
+
+
+def test_training_autocast_and_a_changed_weight_take_the_right_product():
+    """A gradient to pass and CPU autocast run nn.Linear's own product; a weight changed in
+    place (an optimizer's step) is packed again before the next product."""
+    plain, layer = _packed(torch.float32)
+    x = torch.randn(5, 83, requires_grad=True)
+    layer(x).sum().backward()
+    assert torch.allclose(x.grad, plain.weight.sum(0).expand(5, -1), atol=1e-6)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16
+    with torch.no_grad():
+        layer.weight.mul_(2)
+        assert torch.allclose(layer(x), x @ layer.weight.t() + layer.bias, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_packed_bert_gives_transformers_hidden_states(precision, tmp_path):
+    """transformers' BertModel, saved and loaded: after :func:`for_encoding` the hidden states
+    at real tokens are within 1e-5 of transformers' in fp32, and the
+    mean-pooled sentence vectors within cosine 0.9999 in bf16; the state dict is untouched."""
+    torch.manual_seed(0)
+    theirs = transformers.BertModel(transformers.BertConfig(**BERT)).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path).eval()
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    assert for_encoding(ours, precision)
+    assert sum(isinstance(m, PackedLinear) for m in ours.modules()) == 2 * 6 + 1  # pooler
+    assert sum(isinstance(m, PackedFeedForward) for m in ours.modules()) == 2  # GELU fused
+    ids = torch.randint(5, 120, (3, 40))
+    mask = torch.ones_like(ids)
+    mask[1, 25:] = 0
+    with torch.no_grad():
+        want = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = ours.encode(ids, None, mask)
+    real = mask.bool()
+    if precision == "fp32":
+        assert (got - want)[real].abs().max() < 1e-5
+    else:
+        m = mask[..., None]
+        cos = torch.nn.functional.cosine_similarity((got * m).sum(1), (want * m).sum(1))
+        assert cos.min() > 0.9999  # mean-pooled sentence vectors (the count cancels)
+        assert (got - want)[real].abs().max() > 1e-5  # bf16 products did run
+    after = ours.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_other_precisions_are_refused():
+    with pytest.raises(BadInput, match="fp32 or bf16"):
+        for_encoding(nn.Sequential(nn.Linear(2, 2)), "fp16")
