@@ -85,15 +85,17 @@ class PackedLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         return self.product(x) if self._packed_applies(x) else super().forward(x)
 
-    def product(self, x: Tensor, then: str = "none", form: str = "") -> Tensor:
-        """oneDNN's product on the packed ``W``; ``then``/``form``: a function it applies to
-        the result in the same pass (``"gelu", "none"``: the exact erf GELU)."""
+    def product(self, x: Tensor, then: str = "none", form: str = "",
+                keep: bool = False) -> Tensor:
+        """oneDNN's product on the packed ``W``, ``x`` float32 or already ``packed_dtype``;
+        ``then``/``form``: a function it applies to the result in the same pass (``"gelu",
+        "none"``: the exact erf GELU); ``keep``: return the result in ``packed_dtype`` (for
+        another packed product to read) rather than float32."""
         if self.weight._version != self._packed_version:  # changed in place (a step, a load)
             self.pack(self.packed_dtype)
-        low = self.packed_dtype != torch.float32
-        y = torch.ops.mkldnn._linear_pointwise(x.to(self.packed_dtype) if low else x,
-                                               self.packed, self.packed_bias, then, [], form)
-        return y.float() if low else y
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.packed_dtype), self.packed,
+                                               self.packed_bias, then, [], form)
+        return y if keep else y.float()
 
     def _packed_applies(self, x: Tensor) -> bool:
         grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad or
@@ -105,12 +107,17 @@ class PackedLinear(nn.Linear):
 
 class PackedFeedForward(FeedForward):
     """BERT's feed-forward, ``W₂ · GELU(W₁ x + b₁) + b₂``, with the GELU applied by oneDNN
-    inside ``W₁``'s product (one pass over the ``(tokens, d_ff)`` hidden layer fewer) where
-    ``W₁`` is packed and its product applies; otherwise :class:`FeedForward`'s own forward."""
+    inside ``W₁``'s product (one pass over the ``(tokens, d_ff)`` hidden layer fewer), and that
+    layer kept in the packed dtype for ``W₂`` (in bf16, two conversions of it fewer), where
+    both are packed and the product applies; otherwise :class:`FeedForward`'s own forward."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if isinstance(self.w1, PackedLinear) and self.w1._packed_applies(x):
-            return self.w2(self.dropout(self.w1.product(x, "gelu", "none")))
+        if (isinstance(self.w1, PackedLinear) and self.w1._packed_applies(x)
+                and isinstance(self.w2, PackedLinear)
+                and self.w1.packed_dtype == self.w2.packed_dtype):
+            # the hidden layer stays in the packed dtype between the two products (dropout is
+            # the identity at inference, where the packed product applies)
+            return self.w2.product(self.w1.product(x, "gelu", "none", keep=True))
         return super().forward(x)
 
 
