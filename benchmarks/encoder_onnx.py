@@ -35,10 +35,12 @@ from pathlib import Path
 # the onnx package must not be shadowed by benchmarks/onnx.py: drop this folder from the path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.append(str(_HERE))  # after the packages: side_by_side, not onnx, comes from here
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from side_by_side import padded_batch  # noqa: E402
 
 from attnlab import from_pretrained, hardware  # noqa: E402
 from attnlab.cpu.encoder import for_encoding  # noqa: E402
@@ -97,16 +99,6 @@ def fused_session(theirs, folder: Path, threads: int):
     return session, fused
 
 
-def batch(vocab: int, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, vocab, (n, length), generator=g)
-    mask = torch.ones(n, length, dtype=torch.long)
-    for row in range(0, n, 4) if n > 1 else ():  # every fourth row padded after a random length
-        cut = int(torch.randint(length // 4, length, (1,), generator=g))
-        mask[row, cut:] = 0
-        ids[row, cut:] = 0
-    return ids, mask
-
 
 def timed(fns: dict, seconds: float) -> dict[str, float]:
     """Seconds a call of each of ``fns``, alternating call by call for about ``seconds`` in all
@@ -144,7 +136,7 @@ def run(name: str, args, auto: str) -> None:
           f"| fp32 / onnxruntime | auto / onnxruntime | max diff fp32 | auto's lowest cosine |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in args.batches:
-        ids, mask = batch(plain.config.vocab_size, n, args.len)
+        ids, mask = padded_batch(plain.config.vocab_size, n, args.len)
         types = torch.zeros_like(ids)
         feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
                  "token_type_ids": types.numpy()}

@@ -33,9 +33,11 @@ from pathlib import Path
 # stand in for the onnx package that the exporter imports. Drop the folder before that.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.append(str(_HERE))  # after the packages: side_by_side, not onnx, comes from here
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from side_by_side import padded_batch  # noqa: E402
 
 from attnlab import hardware  # noqa: E402
 from attnlab.generation import for_decoding, generate  # noqa: E402
@@ -53,16 +55,6 @@ def exported(model, folder: Path, threads: int):
     return load_onnx(folder, threads, spinning=False), seconds
 
 
-def batch(vocab: int, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, vocab, (n, length), generator=g)
-    mask = torch.ones(n, length, dtype=torch.long)
-    for row in range(0, n, 4) if n > 1 else ():  # every fourth row padded after a random length
-        cut = int(torch.randint(length // 4, length, (1,), generator=g))
-        mask[row, cut:] = 0
-        ids[row, cut:] = 0
-    return ids, mask
-
 
 def minilm(args, folder: Path) -> None:
     model = load("minilm").model
@@ -72,7 +64,7 @@ def minilm(args, folder: Path) -> None:
     print("| batch | attnlab (torch) | onnxruntime | ratio | max diff |")
     print("|---|---|---|---|---|")
     for n in args.batches:
-        ids, mask = batch(model.config.vocab_size, n, args.len)
+        ids, mask = padded_batch(model.config.vocab_size, n, args.len)
         types = torch.zeros_like(ids)
         ours = partial(model.encode, ids, types, mask)
         arrays = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),

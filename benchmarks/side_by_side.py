@@ -2,7 +2,8 @@
 batches in the same order, the same AdamW (weight decay on matrices only), linear warmup and
 decay, and gradient clipping; the two models alternate step by step in one process (who goes
 first alternates too), so a noisy, shared machine slows both alike and the speed ratio holds.
-Used by ``benchmarks/conll.py`` and ``benchmarks/squad.py``."""
+Used by ``benchmarks/conll.py`` and ``benchmarks/squad.py``; the others share its timing,
+reports and padded batches."""
 
 from __future__ import annotations
 
@@ -48,6 +49,19 @@ def training_arguments(doc: str, steps: int, batch: int, length: int,
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="initial weights and batches")
     return p
+
+
+def padded_batch(vocab: int, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)`` of ``n`` rows of ``length`` random tokens; with more than one row, every
+    fourth row padded after a random length (the encoder benchmarks' batches)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, vocab, (n, length), generator=g)
+    mask = torch.ones(n, length, dtype=torch.long)
+    for row in range(0, n, 4) if n > 1 else ():
+        cut = int(torch.randint(length // 4, length, (1,), generator=g))
+        mask[row, cut:] = 0
+        ids[row, cut:] = 0
+    return ids, mask
 
 
 def describe() -> str:
