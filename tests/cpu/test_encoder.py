@@ -12,6 +12,8 @@ from attnlab.errors import BadInput
 
 pytestmark = pytest.mark.skipif(not packed_products(), reason="oneDNN's packed product is "
                                 "not available in this PyTorch")
+needs_bf16 = pytest.mark.skipif(not packed_products(torch.bfloat16), reason="oneDNN's packed "
+                                "bf16 product needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT")
 
 BERT = dict(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=100, max_position_embeddings=64)
@@ -40,6 +42,7 @@ def test_fp32_products_equal_the_float64_product(bias):
         assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
+@needs_bf16
 def test_bf16_products_round_the_input_and_weight_and_sum_in_float32():
     """bf16: y = bf16(bf16(x) · bf16(W)ᵀ + bf16(b)), each product exact, the sums float32 and
     the result rounded once to bf16 (as autocast's linear), returned float32: within half a
@@ -69,7 +72,7 @@ def test_training_autocast_and_a_changed_weight_take_the_right_product():
         assert torch.allclose(layer(x), x @ layer.weight.t() + layer.bias, atol=1e-5)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=needs_bf16)])
 def test_a_packed_bert_gives_transformers_hidden_states(precision, tmp_path):
     """transformers' BertModel, saved and loaded: after :func:`for_encoding` the hidden states
     at real tokens are within 1e-5 of transformers' in fp32, and the
@@ -99,6 +102,17 @@ def test_a_packed_bert_gives_transformers_hidden_states(precision, tmp_path):
     after = ours.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_where_bf16_cannot_be_packed_nothing_changes(monkeypatch):
+    """A CPU without oneDNN's bf16 path (an AVX2 one): for_encoding in bf16 leaves the model
+    as it was and says so, so the caller keeps autocast."""
+    from attnlab.cpu import encoder
+
+    monkeypatch.setitem(encoder._WORKS, torch.bfloat16, False)
+    model = nn.Sequential(nn.Linear(4, 4))
+    assert not for_encoding(model, "bf16")
+    assert type(model[0]) is nn.Linear
 
 
 def test_other_precisions_are_refused():
