@@ -107,7 +107,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     chat = Conversation(template, tok, args.system, decoding.model.config.context,
                         args.max_new_tokens)
     chat.check()
-    announce(args, loaded.path, runtime.device, runtime.label)
+    announce(args, loaded.path, runtime.device, decoding.runtime.label)
     generator = torch.Generator(device=runtime.device).manual_seed(sampling_seed(args))
     while (line := _read_line()) is not None:
         text = line.strip()

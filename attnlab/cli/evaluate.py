@@ -151,11 +151,22 @@ def _demos(args: argparse.Namespace, examples: list[Example]) -> list[list[Examp
     return chosen
 
 
-def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str]:
-    """``(loaded, device, precision)``; ``--int4``/``--int8`` as ``generate`` runs them (CPU,
-    bf16 kernels)."""
+def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str, str]:
+    """``(loaded, device, precision, what the announce line says)``; ``--int4``/``--int8`` as
+    ``generate`` runs them (CPU, bf16 kernels). A quantised folder's float parts take the
+    precision asked (``auto``: bf16 where the CPU runs it natively), its integer layers keep
+    theirs, and the line says both."""
     if not integer_bits(args):
-        return load_for(args, "decoder")
+        from attnlab.hardware import DTYPES
+        from attnlab.nn.quantized import integer_parts
+
+        loaded, device, precision = load_for(args, "decoder")
+        if integer_parts(loaded.model) is None:
+            return loaded, device, precision, precision
+        loaded.model.to(DTYPES[precision])  # the float parts (integer layers keep their dtypes)
+        bits, dtype = integer_parts(loaded.model)
+        return (loaded, device, precision,
+                f"int{bits} weights, {str(dtype).removeprefix('torch.')} float matrices")
     from attnlab.cpu import for_decoding
     from attnlab.storage import load
 
@@ -163,7 +174,7 @@ def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str]:
     loaded = load(args.model, int4=args.int4, int8=args.int8,
                   adapter=args.adapter).expect("decoder", args.command)
     loaded.model = for_decoding(loaded.model, device, "bf16", integer=True)
-    return loaded, device, "bf16"
+    return loaded, device, "bf16", integer_label(integer_bits(args))
 
 
 def _requests(args: argparse.Namespace, loaded: Loaded, examples: list[Example],
@@ -206,7 +217,7 @@ def cmd_evaluate_lm(args: argparse.Namespace) -> None:
     from attnlab.generation.likelihood import rolling_nll, windows
 
     text = read_text(args.text)
-    loaded, device, precision = _decoder(args)
+    loaded, device, precision, said = _decoder(args)
     window = loaded.config.context
     block = args.block or min(window or 1024, 1024)
     if window is not None and block > window:
@@ -223,7 +234,7 @@ def cmd_evaluate_lm(args: argparse.Namespace) -> None:
     if len(ids) < 2:
         raise UsageError(f"{args.text}: {len(ids)} token(s); perplexity needs at least 2")
     bits = integer_bits(args)
-    announce(args, loaded.path, device, integer_label(bits) if bits else precision)
+    announce(args, loaded.path, device, said)
     precise = contextlib.nullcontext() if bits else hardware.autocast(device, precision)
     start = time.perf_counter()
     with precise:
@@ -251,10 +262,10 @@ def cmd_evaluate_choice(args: argparse.Namespace) -> None:
         return cmd_evaluate_choice_head(args, examples)
     demos = _demos(args, examples)  # the data's errors before the model is loaded
     examples = examples[: args.limit]
-    loaded, device, precision = _decoder(args)
+    loaded, device, precision, said = _decoder(args)
     requests = _requests(args, loaded, examples, demos)
     bits = integer_bits(args)
-    announce(args, loaded.path, device, integer_label(bits) if bits else precision)
+    announce(args, loaded.path, device, said)
     precise = contextlib.nullcontext() if bits else hardware.autocast(device, precision)
     start = time.perf_counter()
     with precise:

@@ -76,7 +76,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
         check_speculative(model, len(ids), args.max_new_tokens, args.draft_tokens, draft)
     running = loaded.path if draft is None else f"{loaded.path} with draft {draft_label}"
-    announce(args, running, runtime.device, runtime.label)
+    announce(args, running, runtime.device, decoding.runtime.label)
     generator = torch.Generator(device=runtime.device).manual_seed(sampling_seed(args))
     stops = [s.encode().decode("unicode_escape") for s in args.stop]
     if (decoding.compiled is not None and context is not None

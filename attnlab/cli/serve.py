@@ -93,7 +93,7 @@ def build_service(args: argparse.Namespace):
             if not args.quiet:
                 print(f"attnlab serve: note: no chat template ({e}); "
                       "/v1/chat/completions is off", file=sys.stderr)
-        announce(args, loaded.path, device, runtime.label)
+        announce(args, loaded.path, device, decoding.runtime.label)
         context = loaded.config.context or loaded.config.max_len
         engine = Engine(decoding.model, args.max_batch, compiled=decoding.compiled).start()
         if engine.compiled is not None:

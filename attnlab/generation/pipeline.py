@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TextIO
 
 import torch
@@ -99,6 +99,23 @@ def integer_label(bits: int) -> str:
     return label + (", float32 activations" if kernels.available() else "")
 
 
+def folder_label(model, runtime: Runtime, kv_cache: str | None = None) -> str:
+    """``runtime``'s label, or for a model that holds integer layers (a folder ``quantize``
+    wrote): its integer weights, the dtype its float matrices compute in and the activations'
+    (float32 on attnlab's CPU kernels)."""
+    from attnlab.cpu import kernels
+    from attnlab.nn.quantized import integer_parts
+
+    found = integer_parts(model)
+    if found is None:
+        return runtime.label
+    bits, dtype = found
+    label = f"int{bits} weights, {str(dtype).removeprefix('torch.')} float matrices"
+    if runtime.device.type == "cpu" and kernels.available():
+        label += ", float32 activations"
+    return label + (f", {kv_cache} KV cache" if kv_cache else "")
+
+
 def timing_line(load_s: float, compile_s: float, prompt_tokens: int, begun: float,
                 ticks: list[float]) -> str:
     """``timing: load L s | compile C s | prompt P tokens, R tokens/s | generated N tokens,
@@ -150,6 +167,9 @@ class Decoding:
         self.model = for_decoding(loaded.model, self.runtime.device, self.runtime.precision,
                                   options.bits is not None, rows=options.rows,
                                   kv_cache=options.kv_cache)
+        if options.bits is None:  # a quantised folder: say its integers, and what the rest is
+            self.runtime = replace(self.runtime, label=folder_label(self.model, self.runtime,
+                                                                    options.kv_cache))
         self.compiled = None  # (nothing compiled, nothing imported, unless asked)
         if options.compile:
             from attnlab.generation.compiled import new_step
@@ -331,4 +351,4 @@ class StopStream:
 
 
 __all__ = ["Decoding", "DecodingOptions", "Interrupted", "Reply", "Runtime", "StopStream",
-           "TextStream", "decoding_runtime", "integer_label", "timing_line"]
+           "TextStream", "decoding_runtime", "folder_label", "integer_label", "timing_line"]

@@ -411,5 +411,19 @@ def quantize(model: nn.Module, bits: int = 4, group_size: int = 32,
     return done
 
 
-__all__ = ["BITS", "Int4Linear", "Int8Linear", "fits_int4", "float_dtype", "pack_codes", "quantize",
-           "unpack_codes"]
+def integer_parts(model: nn.Module) -> tuple[int, torch.dtype] | None:
+    """``(bits, float dtype)`` of a model holding integer layers: the fewest bits among them
+    (8 for int8) and the dtype of its largest float tensor (the embedding: what the float
+    parts compute in); None for a float model. What the announce line says of a quantised
+    folder."""
+    bits = [getattr(m, "bits", 8) for m in model.modules()
+            if isinstance(m, (Int8Linear, Int4Linear))]
+    if not bits:
+        return None
+    floats = [p for p in model.parameters() if p.is_floating_point()]
+    dtype = max(floats, key=lambda p: p.numel()).dtype if floats else float_dtype()
+    return min(bits), dtype
+
+
+__all__ = ["BITS", "Int4Linear", "Int8Linear", "fits_int4", "float_dtype", "integer_parts",
+           "pack_codes", "quantize", "unpack_codes"]

@@ -219,3 +219,37 @@ def test_a_quantised_folder_loads_where_bf16_is_native(tmp_path, monkeypatch, po
 
 def quantized_names(model) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, (Int8Linear, Int4Linear))]
+
+
+def test_a_quantised_folder_says_its_integers_and_computes_its_float_parts_as_asked(
+        trained, tmp_path, capsys):
+    """``evaluate lm`` and ``generate`` on an int8 folder: the announce line names the integer
+    weights and the dtype the float parts compute in, and ``--precision fp32`` does run them in
+    float32: its perplexity is the one of the model with float32 float parts, computed here."""
+    import math
+
+    from attnlab.generation.likelihood import rolling_nll
+    from attnlab.nn.quantized import integer_parts
+
+    folder, _, tokenizer, _ = trained
+    assert cli(capsys, "quantize", "--model", folder, "--bits", "8",
+               "--out", tmp_path / "q").code == 0
+    text = tmp_path / "held.txt"
+    text.write_text(TEXT * 2)
+    threads = torch.get_num_threads()
+    r = cli(capsys, "evaluate", "lm", "--model", tmp_path / "q", "--text", text, "--block", "32",
+            "--precision", "fp32", "--device", "cpu")
+    assert r.code == 0, r.err
+    assert r.err.splitlines()[0] == (f"attnlab evaluate: running {tmp_path / 'q'} on cpu, int8 "
+                                     f"weights, float32 float matrices, {threads} threads")
+    shown = float(re.search(r"perplexity: ([\d.]+)", r.out).group(1))
+    model = load(tmp_path / "q").model.float()
+    assert integer_parts(model) == (8, torch.float32)
+    with torch.no_grad():
+        nll, n = rolling_nll(model, tokenizer.encode(TEXT * 2), 32, 16, 8)
+    assert shown == pytest.approx(math.exp(nll / n), rel=1e-4)
+    g = cli(capsys, "generate", "--model", tmp_path / "q", "--prompt", "the", "--max-new-tokens",
+            "2", "--device", "cpu", "--precision", "fp32")
+    assert g.code == 0, g.err
+    assert "int8 weights, float32 float matrices" in g.err.splitlines()[0]
+    assert integer_parts(torch.nn.Linear(2, 2)) is None
