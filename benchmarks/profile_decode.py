@@ -92,7 +92,7 @@ def main() -> None:
     int4, int8 = args.precision == "int4", args.precision == "int8"
     loaded = attnlab.load(str(smollm2_path()), int4=int4, int8=int8)
     model = for_decoding(loaded.model, "cpu", "bf16" if int4 or int8 else args.precision,
-                         int4 or int8)
+                         int4 or int8, rows=args.rows)
     prompt = torch.tensor([loaded.tokenizer.encode("The history of Paris begins")] * args.rows)
     warm, n = 3, args.tokens
     with torch.no_grad():

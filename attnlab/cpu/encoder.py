@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import BadInput
 from attnlab.nn.feedforward import FeedForward
+from attnlab.nn.quantized import integer_parts
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _WORKS: dict[torch.dtype, bool] = {}  # whether oneDNN's packed product runs here, per dtype
@@ -66,8 +67,9 @@ class PackedLinear(nn.Linear):
     then returned float32).
     ``weight`` and ``bias`` stay the float parameters they were (saving, adapters, training
     read them); a gradient to pass, autocast, another device or a dtype of ``x`` other than
-    float32 is ``nn.Linear``'s own product. A weight changed in place since (an optimizer's
-    step, ``load_state_dict``) is packed again at the next product."""
+    float32 is ``nn.Linear``'s own product. A weight or bias changed since it was packed (in
+    place, by an optimizer's step or ``load_state_dict``, or replaced through ``.data`` or a
+    cast) is packed again at the next product."""
 
     packed: Tensor
     packed_bias: Tensor | None
@@ -79,10 +81,23 @@ class PackedLinear(nn.Linear):
         w = self.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous(),
                                                               rows_hint)
-        self.packed_bias = None if self.bias is None else self.bias.detach().to(dtype)
+        self.packed_bias = None if self.bias is None else self.bias.detach().to(dtype).clone()
         self.packed_dtype = dtype
-        self._packed_version = self.weight._version
+        self._packed_of = self._source()
         return self
+
+    def _source(self) -> tuple:
+        """What the packed copies were made from: each parameter's storage and version (an
+        in-place change bumps the version; ``.data = …`` or a cast changes the storage)."""
+        return tuple((t.data_ptr(), t._version, t.dtype) if t is not None else None
+                     for t in (self.weight, self.bias))
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed matrix out (oneDNN's layout has no storage to
+        copy); the copy packs its own at its first product."""
+        state = self.__dict__.copy()
+        state["packed"], state["packed_bias"], state["_packed_of"] = None, None, None
+        return state
 
     def forward(self, x: Tensor) -> Tensor:
         return self.product(x) if self._packed_applies(x) else super().forward(x)
@@ -93,16 +108,19 @@ class PackedLinear(nn.Linear):
         ``then``/``form``: a function it applies to the result in the same pass (``"gelu",
         "none"``: the exact erf GELU); ``keep``: return the result in ``packed_dtype`` (for
         another packed product to read) rather than float32."""
-        if self.weight._version != self._packed_version:  # changed in place (a step, a load)
+        if self.packed is None or self._packed_of != self._source():  # changed since
             self.pack(self.packed_dtype)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.packed_dtype), self.packed,
                                                self.packed_bias, then, [], form)
         return y if keep else y.float()
 
+    def needs_grad(self, x: Tensor) -> bool:
+        """Whether a product of ``x`` has a gradient to pass (then it is nn.Linear's)."""
+        return torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in self.parameters()))
+
     def _packed_applies(self, x: Tensor) -> bool:
-        grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad or
-                                            self.bias is not None and self.bias.requires_grad)
-        return (x.device.type == "cpu" and x.dtype == torch.float32 and not grad
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and not self.needs_grad(x)
                 and not torch.is_autocast_enabled("cpu") and x.shape[-1] == self.in_features
                 and x.numel() > 0)
 
@@ -111,12 +129,14 @@ class PackedFeedForward(FeedForward):
     """BERT's feed-forward, ``W₂ · GELU(W₁ x + b₁) + b₂``, with the GELU applied by oneDNN
     inside ``W₁``'s product (one pass over the ``(tokens, d_ff)`` hidden layer fewer), and that
     layer kept in the packed dtype for ``W₂`` (in bf16, two conversions of it fewer), where
-    both are packed and the product applies; otherwise :class:`FeedForward`'s own forward."""
+    both are packed, the model is in eval mode and neither has a gradient to pass; otherwise
+    :class:`FeedForward`'s own forward."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if (isinstance(self.w1, PackedLinear) and self.w1._packed_applies(x)
-                and isinstance(self.w2, PackedLinear)
-                and self.w1.packed_dtype == self.w2.packed_dtype):
+        if (not self.training and isinstance(self.w1, PackedLinear)
+                and self.w1._packed_applies(x) and isinstance(self.w2, PackedLinear)
+                and self.w1.packed_dtype == self.w2.packed_dtype
+                and not self.w2.needs_grad(x)):
             # the hidden layer stays in the packed dtype between the two products (dropout is
             # the identity at inference, where the packed product applies)
             return self.w2.product(self.w1.product(x, "gelu", "none", keep=True))
@@ -127,15 +147,17 @@ def for_encoding(model: nn.Module, precision: str = "fp32") -> bool:
     """Pack the float linears of a CPU ``model`` for inference (:class:`PackedLinear`), their
     products in ``precision`` ("fp32" or "bf16"); returns whether it did. Nothing changes where
     the model is not on a CPU, oneDNN cannot run ``precision`` here (one warning; bf16 needs
-    AVX-512 or AVX-NE-CONVERT: an AVX2 CPU keeps autocast's bf16) or the linears are not plain
-    float32 ``nn.Linear`` (integer, LoRA-wrapped or already packed layers keep theirs). The
-    model's parameters, names and ``state_dict`` are untouched; the packed copies cost the
-    memory of the matrices again (half of it in bf16)."""
+    AVX-512 or AVX-NE-CONVERT: an AVX2 CPU keeps autocast's bf16) or the model holds integer
+    layers (a quantised folder keeps its own kernels). Only plain float32 ``nn.Linear`` layers
+    are packed (a LoRA adapter's A and B are, and its sum is unchanged). The model's
+    parameters, names and ``state_dict`` are untouched; the packed copies cost the memory of
+    the matrices again (half of it in bf16); a copy or pickle of the model packs its own."""
     if precision not in DTYPES:
         raise BadInput(f"an encoder's packed products run in {' or '.join(DTYPES)}, "
                        f"not {precision!r}")
     first = next(model.parameters(), None)
-    if first is None or first.device.type != "cpu" or not packed_products(DTYPES[precision]):
+    if (first is None or first.device.type != "cpu" or integer_parts(model) is not None
+            or not packed_products(DTYPES[precision])):
         return False
     linears = [m for m in model.modules()
                if type(m) is nn.Linear and m.weight.dtype == torch.float32]

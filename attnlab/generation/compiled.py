@@ -122,6 +122,9 @@ class CompiledStep:
         self.compile_seconds = 0.0
         self.compiles = 0
         self.guard_misses = 0  # ``again`` steps that found no graph and checked every guard
+        # the graphs Dynamo may keep for this step before it refuses to compile another (a
+        # server raises it: a graph for each row bucket and capacity)
+        self.most_graphs = 64
         self._shapes: set[tuple] = set()
         self._compiled: dict[str, tuple] = {}  # device type -> (compiled function, graphs?)
         self._marked = lambda: None  # (a weak reference to) the cache last marked static
@@ -178,7 +181,9 @@ class CompiledStep:
             # more than Dynamo's default of 8 a function. Its settings are per thread, and the
             # thread that compiles (a server's engine) decides.
             config = torch._dynamo.config
-            config.recompile_limit = max(config.recompile_limit, 64)
+            config.recompile_limit = max(config.recompile_limit, self.most_graphs)
+            config.accumulated_recompile_limit = max(config.accumulated_recompile_limit,
+                                                     2 * self.most_graphs)
         function, graphs = self._for(args)
         if not graphs and any(isinstance(a, Tensor) and a.device.type == "cpu" for a in args):
             cpu_kernels.available()  # built or loaded now: the trace only reads the answer

@@ -21,8 +21,8 @@ activations rounded to bf16 where the kernels run AVX512-BF16,
 
 With a compiled one-token step (``serve``'s default), the batch lives in fixed shapes instead
 (:mod:`attnlab.serving.static_batch`): the same rows, columns and masks, in storage that
-changes only when a request joins or the columns run out, so two graphs (one request
-alone, a full batch) serve every step.
+changes only when a request joins or the columns run out, so a few graphs (one for each row
+bucket: 1, 2, 4, … rows, and ``max_batch``) serve every step.
 
 Everything that touches the model runs on the engine's one thread; other threads call
 :meth:`Engine.submit` and :meth:`Handle.cancel` and receive tokens through ``on_tokens``.

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.generation.compiled import CompiledStep, capacity_for
+from attnlab.generation.compiled import BUCKET, CompiledStep, capacity_for
 from attnlab.nn.cache import SelfAttentionCache, StaticCache
 
 
@@ -58,6 +58,9 @@ class StaticBatch:
         self.token: Tensor | None = None  # (max_batch, 1), the step's own input buffer
         self.repacks = 0  # how often the storage was remade (tests, logs)
         self.buckets = row_buckets(max_batch)
+        # a graph for each row bucket and each capacity (multiples of BUCKET up to the context)
+        capacities = -(-self.context // BUCKET) if self.context else 64
+        step.most_graphs = max(step.most_graphs, len(self.buckets) * capacities + 8)
 
     def _first(self) -> int:
         """The first column a row in flight uses (``slot`` when none)."""

@@ -27,6 +27,10 @@ def test_embed_a_trained_run_prints_cosines_and_unit_vectors(capsys, mlm_run):
             *SENTENCES)
     assert r.code == 0 and [line.split(" on ")[0] for line in r.err.splitlines()] == [
         f"attnlab embed: running {sorted((mlm_run.path / 'checkpoints').iterdir())[-1]}"], r.err
+    from attnlab.cpu.encoder import packed_products
+
+    # on a CPU the encoder's matrices are packed for oneDNN, and the line says so
+    assert (" on cpu, fp32, packed matrices, " in r.err) == packed_products(), r.err
     d_model = ModelConfig.from_preset("bert-tiny").d_model
     assert r.out.count(f"({d_model} dims)") == 3
     rows = r.out.split("cosine similarity:\n", 1)[1].splitlines()[1:]

@@ -36,6 +36,7 @@ def test_fp32_products_equal_the_float64_product(bias):
     exact.load_state_dict(plain.state_dict())
     for x in (torch.randn(1, 83), torch.randn(2, 70, 83), torch.randn(300, 83)):
         with torch.no_grad():
+            assert layer._packed_applies(x)  # oneDNN's product, not nn.Linear's
             got = layer(x)
             want = exact(x.double())
         assert got.dtype == torch.float32 and got.shape == want.shape
@@ -72,6 +73,94 @@ def test_training_autocast_and_a_changed_weight_take_the_right_product():
         assert torch.allclose(layer(x), x @ layer.weight.t() + layer.bias, atol=1e-5)
 
 
+@needs_bf16
+def test_whatever_changes_the_parameters_is_packed_again():
+    """A bias changed in place, a weight replaced through ``.data``, a cast there and back: the
+    next product reads the new values, not the packed copy of the old ones."""
+    plain, layer = _packed(torch.bfloat16)
+    x = torch.randn(4, 83)
+
+    def matches():
+        with torch.no_grad():
+            w, b = layer.weight.bfloat16().double(), layer.bias.bfloat16().double()
+            want = x.bfloat16().double() @ w.t() + b
+            return ((layer(x).double() - want).abs() <= want.abs() * 2**-8 + 1e-6).all()
+
+    assert matches()
+    with torch.no_grad():
+        layer.bias.add_(3.0)
+    assert matches()
+    layer.weight.data = torch.ones_like(layer.weight)
+    assert matches()
+    layer.double().float()
+    assert matches()
+
+
+def test_copies_and_pickles_pack_their_own():
+    """oneDNN's packed matrix has no storage to copy: deepcopy and torch.save leave it out and
+    the copy packs again, giving the same numbers."""
+    import copy
+    import io
+
+    _, layer = _packed(torch.float32)
+    model = nn.Sequential(layer)
+    x = torch.randn(3, 83)
+    with torch.no_grad():
+        want = model(x)
+        twin = copy.deepcopy(model)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert torch.equal(twin(x), want) and torch.equal(loaded(x), want)
+    assert isinstance(twin[0], PackedLinear) and twin[0].packed is not None
+
+
+def test_the_fused_feed_forward_trains_as_the_plain_one():
+    """Training mode, or a trainable W₂ behind a frozen W₁: FeedForward's own forward, so W₂
+    gets its gradient and dropout applies."""
+    from attnlab.nn.feedforward import FeedForward
+
+    torch.manual_seed(0)
+    block = FeedForward(16, 40, activation="gelu").eval()
+    reference = FeedForward(16, 40, activation="gelu").eval()
+    reference.load_state_dict(block.state_dict())
+    assert for_encoding(block, "fp32") and isinstance(block, PackedFeedForward)
+    block.w1.weight.requires_grad_(False)
+    block.w1.bias.requires_grad_(False)
+    x = torch.randn(5, 16)
+    block(x).sum().backward()
+    reference(x).sum().backward()
+    assert block.w2.weight.grad is not None
+    assert torch.allclose(block.w2.weight.grad, reference.w2.weight.grad, atol=1e-5)
+    with torch.no_grad():
+        calls = []
+        original = PackedLinear.product
+        def spy(self, x, then="none", *rest, **kw):
+            calls.append(then)
+            return original(self, x, then, *rest, **kw)
+
+        PackedLinear.product = spy
+        try:
+            block.train()
+            block(x)
+            assert calls == ["none", "none"]  # training: FeedForward's forward, GELU apart
+            calls.clear()
+            block.eval()
+            assert torch.allclose(block(x), reference(x), atol=1e-5)
+            assert calls == ["gelu", "none"]  # the GELU inside W₁'s product
+        finally:
+            PackedLinear.product = original
+
+
+def test_a_quantised_model_keeps_its_own_kernels():
+    from attnlab.nn.quantized import Int8Linear
+
+    model = nn.Sequential(Int8Linear.from_linear(nn.Linear(64, 64)), nn.Linear(64, 2))
+    assert not for_encoding(model, "fp32")
+    assert type(model[1]) is nn.Linear
+
+
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=needs_bf16)])
 def test_a_packed_bert_gives_transformers_hidden_states(precision, tmp_path):
     """transformers' BertModel, saved and loaded: after :func:`for_encoding` the hidden states
@@ -88,9 +177,16 @@ def test_a_packed_bert_gives_transformers_hidden_states(precision, tmp_path):
     ids = torch.randint(5, 120, (3, 40))
     mask = torch.ones_like(ids)
     mask[1, 25:] = 0
+    calls = []
+    original = PackedLinear.product
     with torch.no_grad():
         want = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
-        got = ours.encode(ids, None, mask)
+        PackedLinear.product = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+        try:
+            got = ours.encode(ids, None, mask)
+        finally:
+            PackedLinear.product = original
+    assert len(calls) == 2 * 6  # every product of both layers was oneDNN's
     real = mask.bool()
     if precision == "fp32":
         assert (got - want)[real].abs().max() < 1e-5

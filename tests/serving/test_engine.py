@@ -163,6 +163,22 @@ def test_the_step_runs_the_fewest_bucket_rows_that_hold_the_requests():
         assert r.tokens == generate(model, torch.tensor([p]), 6)[0, len(p):].tolist()
 
 
+def test_dynamo_may_keep_a_graph_for_every_row_bucket_and_capacity():
+    """An 8,192-token model served 8 rows at a time: 4 row buckets times 32 capacities of 256
+    columns could all be compiled; the step's limit must let Dynamo keep them (its default
+    of 64 graphs would make the 65th shape fail every request in flight)."""
+    from types import SimpleNamespace
+
+    from attnlab.serving.static_batch import StaticBatch
+
+    step = CompiledStep(backend="eager")
+    StaticBatch(SimpleNamespace(config=SimpleNamespace(context=8192)), 8, step)
+    assert step.most_graphs >= 4 * 32
+    small = CompiledStep(backend="eager")
+    StaticBatch(SimpleNamespace(config=SimpleNamespace(context=64)), 2, small)
+    assert small.most_graphs == 64  # never lowered
+
+
 def test_the_batch_never_holds_more_than_max_batch_rows_and_cancel_ends_a_row():
     model = _model("llama")
     engine = Engine(model, max_batch=2)
