@@ -25,7 +25,7 @@ def _encoder(args: argparse.Namespace, head: str | None = None):
     and bf16 run the matrices packed once for oneDNN (:func:`attnlab.cpu.encoder.for_encoding`:
     bf16 products, float32 activations), elsewhere under autocast."""
     from attnlab import hardware
-    from attnlab.cpu.encoder import for_encoding
+    from attnlab.cpu.encoder import PRECISIONS, for_encoding
     from attnlab.errors import UnsupportedFormat
     from attnlab.sentence_encoder import load_encoder
 
@@ -35,8 +35,7 @@ def _encoder(args: argparse.Namespace, head: str | None = None):
         raise UnsupportedFormat(f"{enc.path}: model has head={enc.model.config.head!r}, not "
                                 f"{head!r}, which '{args.command}' needs")
     enc.model.to(device)
-    if device.type == "cpu" and precision in ("fp32", "bf16") and for_encoding(enc.model,
-                                                                              precision):
+    if device.type == "cpu" and precision in PRECISIONS and for_encoding(enc.model, precision):
         said = ("fp32, packed matrices" if precision == "fp32" else
                 "bf16 products on packed matrices, float32 activations")
         return enc, device, contextlib.nullcontext, said

@@ -157,6 +157,7 @@ def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str, str]:
     precision asked (``auto``: bf16 where the CPU runs it natively), its integer layers keep
     theirs, and the line says both."""
     if not integer_bits(args):
+        from attnlab.generation.pipeline import integer_weights
         from attnlab.hardware import DTYPES
         from attnlab.nn.quantized import integer_parts
 
@@ -164,9 +165,7 @@ def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str, str]:
         if integer_parts(loaded.model) is None:
             return loaded, device, precision, precision
         loaded.model.to(DTYPES[precision])  # the float parts (integer layers keep their dtypes)
-        bits, dtype = integer_parts(loaded.model)
-        return (loaded, device, precision,
-                f"int{bits} weights, {str(dtype).removeprefix('torch.')} float matrices")
+        return loaded, device, precision, integer_weights(*integer_parts(loaded.model))
     from attnlab.cpu import for_decoding
     from attnlab.storage import load
 

@@ -27,10 +27,11 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import BadInput
+from attnlab.hardware import DTYPES
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.quantized import integer_parts
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PRECISIONS = ("fp32", "bf16")  # what the packed products run in
 _WORKS: dict[torch.dtype, bool] = {}  # whether oneDNN's packed product runs here, per dtype
 
 
@@ -152,8 +153,8 @@ def for_encoding(model: nn.Module, precision: str = "fp32") -> bool:
     are packed (a LoRA adapter's A and B are, and its sum is unchanged). The model's
     parameters, names and ``state_dict`` are untouched; the packed copies cost the memory of
     the matrices again (half of it in bf16); a copy or pickle of the model packs its own."""
-    if precision not in DTYPES:
-        raise BadInput(f"an encoder's packed products run in {' or '.join(DTYPES)}, "
+    if precision not in PRECISIONS:
+        raise BadInput(f"an encoder's packed products run in {' or '.join(PRECISIONS)}, "
                        f"not {precision!r}")
     first = next(model.parameters(), None)
     if (first is None or first.device.type != "cpu" or integer_parts(model) is not None
@@ -171,4 +172,4 @@ def for_encoding(model: nn.Module, precision: str = "fp32") -> bool:
     return bool(linears)
 
 
-__all__ = ["PackedFeedForward", "PackedLinear", "for_encoding", "packed_products"]
+__all__ = ["PRECISIONS", "PackedFeedForward", "PackedLinear", "for_encoding", "packed_products"]

@@ -95,8 +95,14 @@ def integer_label(bits: int) -> str:
     from attnlab.cpu import kernels
     from attnlab.nn.quantized import float_dtype
 
-    label = f"int{bits} weights, {str(float_dtype()).removeprefix('torch.')} float matrices"
+    label = integer_weights(bits, float_dtype())
     return label + (", float32 activations" if kernels.available() else "")
+
+
+def integer_weights(bits: int, dtype: torch.dtype) -> str:
+    """``int8 weights, bfloat16 float matrices``: a model's integer weights and the dtype its
+    other matrices compute in, as the announce line says them."""
+    return f"int{bits} weights, {str(dtype).removeprefix('torch.')} float matrices"
 
 
 def folder_label(model, runtime: Runtime, kv_cache: str | None = None) -> str:
@@ -109,8 +115,7 @@ def folder_label(model, runtime: Runtime, kv_cache: str | None = None) -> str:
     found = integer_parts(model)
     if found is None:
         return runtime.label
-    bits, dtype = found
-    label = f"int{bits} weights, {str(dtype).removeprefix('torch.')} float matrices"
+    label = integer_weights(*found)
     if runtime.device.type == "cpu" and kernels.available():
         label += ", float32 activations"
     return label + (f", {kv_cache} KV cache" if kv_cache else "")
@@ -351,4 +356,5 @@ class StopStream:
 
 
 __all__ = ["Decoding", "DecodingOptions", "Interrupted", "Reply", "Runtime", "StopStream",
-           "TextStream", "decoding_runtime", "folder_label", "integer_label", "timing_line"]
+           "TextStream", "decoding_runtime", "folder_label", "integer_label", "integer_weights",
+           "timing_line"]
