@@ -89,12 +89,35 @@ def _openmp_runtime() -> str | None:
     return found[0] if found else None
 
 
+def hand_over_threads() -> bool:
+    """Free the calling thread's OpenMP worker threads (``omp_pause_resource_all``), before
+    another thread takes over running the model (a server's engine). GNU OpenMP counts every
+    pool's workers: once they outnumber the CPUs, workers stop spinning between parallel
+    regions and sleep, so each of a decoding step's hundreds of small regions waits for them
+    to wake (docs/serving.md has what that cost a server). A later parallel region on this
+    thread makes a new pool. Whether it was done
+    (False where torch runs no OpenMP or the runtime lacks the call)."""
+    import ctypes
+
+    runtime = _openmp_runtime() if torch.backends.openmp.is_available() else None
+    try:
+        pause = ctypes.CDLL(runtime).omp_pause_resource_all if runtime else None
+    except (OSError, AttributeError):
+        return False
+    if pause is None:
+        return False
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    return pause(2) == 0  # omp_pause_hard: the threads go, not only their memory
+
+
 def _flags() -> tuple[list[str], list[str]]:
     """Compiler and linker flags: the ISA ATen runs at, and torch's OpenMP when there is one."""
     cflags, ldflags = ["-O3"], []
     capability = torch.backends.cpu.get_cpu_capability()
     if capability in ("AVX2", "AVX512"):
         cflags += ["-mavx2", "-mfma", "-mf16c"]
+    if capability == "AVX512":  # the batched float product's wider blocks (float_kernels.cpp)
+        cflags.append("-DATTNLAB_WIDE")
     if capability == "AVX512" and _bf16_dot():
         cflags.append(_DPBF16)
     runtime = _openmp_runtime() if torch.backends.openmp.is_available() else None
@@ -270,4 +293,4 @@ def _attention_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest) ->
     return q.new_empty(*q.shape[:-1], v.shape[-1])
 
 
-__all__ = ["BF16_DOT_ROWS", "FLOAT_DTYPES", "available", "bf16_dot_rows"]
+__all__ = ["BF16_DOT_ROWS", "FLOAT_DTYPES", "available", "bf16_dot_rows", "hand_over_threads"]

@@ -33,14 +33,14 @@ class KernelLinear(nn.Linear):
     :func:`~attnlab.cpu.prepare.float32_activations_`) ``y`` is float32, and a prompt's GEMM
     rounds ``x`` to the dtype and widens ``y``; with ``x`` in the dtype, ``y`` is rounded once
     to it, as ``nn.Linear``'s own product does up to the order of the sums. A decoding step of
-    4 to 8 sequences (or beams) through a bf16 layer, ``x (batch, 1, in)``, where the kernels
+    4 to 32 sequences (or beams) through a bf16 layer, ``x (batch, 1, in)``, where the kernels
     run AVX512-BF16 (:func:`~attnlab.cpu.kernels.bf16_dot_rows`), rounds ``x`` to bf16 and
     multiplies with ``vdpbf16ps``, float32 sums: with float32 ``x`` such a batch is bound by
     widening the weights for each row. Several tokens of one sequence never do.
     Anything else (more rows, a gradient to pass, another device or dtype, a weight not
     row-major, CPU autocast) is ``nn.Linear``'s own product."""
 
-    ROWS = 8  # beyond this, PyTorch's GEMM reuses each weight better
+    ROWS = 32  # beyond this, PyTorch's GEMM reuses each weight better
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight

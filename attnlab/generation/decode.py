@@ -1,6 +1,6 @@
 """Generation for decoder-only models: the prompt is run once, then one token per step.
 
-    prefill:  logits = model(prompt)              (fills the KV cache)
+    prefill:  logits = model(prompt)[:, -1]       (fills the KV cache; projects the last only)
     step t:   y_t ~ p(· | y_<t)  or  argmax        (only y_{t-1} goes through the model)
 
 The sampling step (:func:`next_tokens`), the one every decoding loop draws its tokens with
@@ -101,6 +101,16 @@ def next_tokens(logits: Tensor, temperature: float = 0.0, top_k: int | None = No
 
 
 # --- the loop ------------------------------------------------------------------------------------
+def last_logits(model, ids: Tensor, cache=None, attention_mask: Tensor | None = None) -> Tensor:
+    """The next-token logits ``(batch, vocab)`` after ``ids (batch, seq)``: the vocabulary
+    projection of the last position only (a prompt's other positions need none: for a short
+    prompt and a large vocabulary, projecting all of them costs as much as the blocks)."""
+    if not hasattr(model, "features"):  # a model with only forward()
+        return model(ids, cache=cache, attention_mask=attention_mask)[:, -1]
+    hidden = model.features(ids, cache=cache, attention_mask=attention_mask)
+    return model.lm_head(hidden[:, -1:])[:, 0]
+
+
 @torch.no_grad()
 def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | None = None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -150,8 +160,8 @@ def generate(model, ids: Tensor, max_new_tokens: int, attention_mask: Tensor | N
         if static is not None:
             logits = static(model, step_input)
         else:
-            logits = model(step_input, cache=cache,
-                           attention_mask=None if mask is None else mask[:, start:length])[:, -1]
+            logits = last_logits(model, step_input, cache,
+                                 None if mask is None else mask[:, start:length])
             if use_static and i + 1 < max_new_tokens:  # the prompt is in: on to the static cache
                 from attnlab.generation.compiled import StaticDecoding, capacity_for
 

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from attnlab.cpu.kernels import hand_over_threads
 from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep
-from attnlab.generation.decode import next_tokens
+from attnlab.generation.decode import last_logits, next_tokens
 from attnlab.serving.static_batch import StaticBatch, row_buckets
 
 
@@ -112,6 +113,11 @@ class Engine:
 
     # --- the other threads' side ------------------------------------------------------------
     def start(self) -> Engine:
+        """Start the engine's thread. From here on that thread runs the model: the caller's
+        OpenMP workers are let go (:func:`~attnlab.cpu.kernels.hand_over_threads`), or every
+        parallel region of the engine's steps would wait for sleeping workers."""
+        if self.device.type == "cpu":
+            hand_over_threads()
         self._thread.start()
         return self
 
@@ -238,7 +244,7 @@ class Engine:
             mask[i, p - len(prompt):] = True
         # never a rolling cache: rows of different lengths share the columns
         cache = self.model.new_cache(capacity=p + 64, rolling=False)
-        logits = self.model(ids, cache=cache, attention_mask=mask)[:, -1]
+        logits = last_logits(self.model, ids, cache, mask)
         rows = [_Row(h, _generator(h.request, self.device)) for h in handles]
         first = self._choose(logits.float(), rows)
         keep = self._emit(rows, first)
@@ -292,8 +298,7 @@ class Engine:
         else:
             ones = self._mask.new_ones(len(self._rows), 1)
             self._mask = torch.cat([self._mask, ones], 1)
-            logits = self.model(self._last[:, None], cache=self._cache,
-                                attention_mask=self._mask)[:, -1]
+            logits = last_logits(self.model, self._last[:, None], self._cache, self._mask)
         self.steps += 1
         self._last = self._choose(logits.float(), self._rows)
         keep = self._emit(self._rows, self._last)

@@ -25,13 +25,14 @@ def _pair(bias: bool) -> tuple[torch.nn.Linear, KernelLinear]:
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_few_rows_run_the_kernel_and_equal_the_float64_product(bias):
-    """1–8 rows in any leading shape, a non-contiguous x and no rows at all: the kernel's own
-    numbers (bit for bit the op called directly), within 1e-5 of the float64 product."""
+    """1 to ``KernelLinear.ROWS`` rows in any leading shape, a non-contiguous x and no rows at
+    all: the kernel's own numbers (bit for bit the op called directly), within 1e-5 of the
+    float64 product."""
     torch.manual_seed(0)
     plain, layer = _pair(bias)
     exact_layer = torch.nn.Linear(83, 45, bias=bias).double()
     exact_layer.load_state_dict(plain.state_dict())
-    cases = [torch.randn(1, 83), torch.randn(2, 3, 83), torch.randn(8, 83),
+    cases = [torch.randn(1, 83), torch.randn(2, 3, 83), torch.randn(KernelLinear.ROWS, 83),
              torch.randn(1, 1, 1, 83), torch.randn(83, 4).t(), torch.randn(0, 83)]
     for x in cases:
         with torch.no_grad():
@@ -46,20 +47,21 @@ def test_few_rows_run_the_kernel_and_equal_the_float64_product(bias):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_row_in_a_batch_gets_the_bits_it_gets_alone(dtype):
-    """The kernel takes rows of x two or three at a time against each weight row; each row's
-    sums still run in the one-row order, so a batched step decodes the same bits as each
-    sequence alone (what serving's batched answers rest on): 1 to 8 rows, widths with every
-    tail (32-wide blocks, 8-wide ones, single inputs), x float32 and, for 16-bit weights, x of
-    the weight's dtype."""
+    """The kernel takes rows of x two or three at a time against one or two weight rows; each
+    row's sums still run in the one-row order, so a batched step decodes the same bits as each
+    sequence alone (what serving's batched answers rest on): 1 to ``KernelLinear.ROWS`` rows
+    (every remainder of the blocks), widths with every tail (32-wide blocks, 8-wide ones,
+    single inputs), x float32 and, for 16-bit weights, x of the weight's dtype."""
     torch.manual_seed(0)
     for k in (83, 576, 7):
         w = torch.randn(37, k).to(dtype)
         b = torch.randn(37)
-        xs = [torch.randn(8, k)] + ([torch.randn(8, k).to(dtype)] if dtype != torch.float32
-                                    else [])
+        most = KernelLinear.ROWS
+        xs = [torch.randn(most, k)] + ([torch.randn(most, k).to(dtype)]
+                                       if dtype != torch.float32 else [])
         for x8 in xs:
             bias = b.to(x8.dtype)
-            for m in range(1, 9):
+            for m in range(1, most + 1):
                 x = x8[:m].contiguous()
                 batch = torch.ops.attnlab.float_matmul(x, w, bias)
                 alone = torch.cat([torch.ops.attnlab.float_matmul(x[i : i + 1], w, bias)
@@ -76,7 +78,7 @@ def test_everything_else_is_nn_linears_own_product(bias):
     CPU autocast, and x of another dtype than the weight: nn.Linear's bits and autograd."""
     torch.manual_seed(0)
     plain, layer = _pair(bias)
-    x = torch.randn(9, 83)
+    x = torch.randn(KernelLinear.ROWS + 1, 83)
     with torch.no_grad():
         assert torch.equal(layer(x), plain(x))
     x = torch.randn(2, 83, requires_grad=True)
@@ -93,7 +95,8 @@ def test_everything_else_is_nn_linears_own_product(bias):
     layer.to(torch.bfloat16)
     with torch.no_grad(), pytest.raises(RuntimeError):  # nn.Linear's own dtype error
         layer(x.half())
-    many = torch.randn(9, 83)  # float32 x, bf16 W, many rows: x rounded, a bf16 GEMM, widened
+    # float32 x, bf16 W, many rows: x rounded, a bf16 GEMM, widened
+    many = torch.randn(KernelLinear.ROWS + 1, 83)
     with torch.no_grad():
         got = layer(many)
         assert got.dtype == torch.float32
@@ -126,7 +129,7 @@ def test_a_16_bit_layer_runs_the_kernel_and_rounds_once(dtype, bias):
     unit = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
     assert ((got.double() - exact).abs() <= unit * exact.abs() + 1e-5).all()
     torch.testing.assert_close(got.float(), theirs.float(), rtol=4 * unit, atol=4 * unit)
-    many = torch.randn(9, 83).to(dtype)
+    many = torch.randn(KernelLinear.ROWS + 1, 83).to(dtype)
     with torch.no_grad():
         assert torch.equal(layer(many), plain(many))
 

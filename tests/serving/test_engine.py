@@ -289,3 +289,15 @@ def test_the_text_stream_never_splits_a_character_or_leaks_a_stop_string():
     stream = TextStream(_byte_decoder, ["<|end|>"])
     assert "".join(stream.feed([b]) for b in b"a <|en") == "a "
     assert stream.feed(list(b" no")) == "<|en no" and not stream.stopped
+
+
+def test_the_engine_hands_the_cpu_threads_over_when_it_starts(monkeypatch):
+    """From start() on the engine's thread runs the model: the caller's OpenMP workers are let
+    go first (tests/cpu/test_kernels.py: what that frees)."""
+    from attnlab.serving import engine as module
+
+    calls = []
+    monkeypatch.setattr(module, "hand_over_threads", lambda: calls.append(True))
+    engine = Engine(_model("llama"), max_batch=2).start()
+    engine.stop()
+    assert calls == [True]

@@ -7,21 +7,21 @@
 // token reads every weight once, so bytes are time; the sums stay float32, so no CPU needs
 // native 16-bit arithmetic). x and b are float32, or W's 16-bit dtype, widened once a call;
 // y is x's dtype, each sum rounded to it once (so a bf16 layer's call needs no conversions
-// around it). Each thread takes a block of output channels and reads each weight row once for
-// all the rows of x (it stays in L1 between them), with four independent sums of 8 lanes; the
-// same order of sums whatever the threads. (For one row, AVX512-BF16's vdpbf16ps, 32 bf16
-// products an instruction, was slower on a Zen 4: 10.7 against 9.3 ms over SmolLM2's
-// matrices. Two threads read bf16 at 28.6-30 GB/s and float32 at 29.8-32.5: memory, more than
-// widening, bounds them.)
+// around it). Each thread takes a block of output channels. Every (row, channel) sum runs in
+// one order, four chains of 8 lanes then a fixed lane sum, whatever the other rows, the
+// threads or the CPU's vector width: a row gets the same bits in a batch as alone.
+//   One row: a weight row at a time, bound by the memory that streams W.
+//   Several rows (a batch of sequences, a short prompt): blocks of weight rows against blocks
+//   of rows of x, each weight row read from memory once for all of them, and the next block's
+//   weights fetched while this one computes (docs/benchmarks.md, "Batched decoding").
 //
 // bf16_batch_matmul(x, weight, bias): the same product for a bf16 W and a batch of one-token
-// rows (KernelLinear sends it a step of 4 or more sequences, or beams). There widening each
-// weight again for every row, and 8-lane multiply-adds, make the product compute-bound: 8 rows
-// of SmolLM2's bf16 matrices took 3.1-3.6x one row's time on a 2-core Zen 4. Where the build
-// has AVX512-BF16 (ATTNLAB_DPBF16, set by cpu/kernels.py) and the CPU runs it, x is rounded to
-// bf16 once a call and vdpbf16ps multiplies 32 pairs exactly an instruction, adding them into 16
-// float32 sums (8 rows: 1.8-2.0x faster). Each row's sums run in an order of its own, whatever
-// the other rows and threads. Elsewhere it is float_matmul. bf16_dot_here() says which.
+// rows (KernelLinear sends it a step of 4 or more sequences, or beams), where the build has
+// AVX512-BF16 (ATTNLAB_DPBF16, set by cpu/kernels.py) and the CPU runs it: x is rounded to
+// bf16 once a call and vdpbf16ps multiplies 32 pairs exactly an instruction, adding them into
+// 16 float32 sums, fewer instructions than widening each weight for every row. Each row's
+// sums run in an order of its own, whatever the other rows and threads. Elsewhere it is
+// float_matmul. bf16_dot_here() says which.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -48,6 +48,21 @@ using attnlab::widen;
 
 constexpr int64_t kGrain = 16;  // output channels a thread takes at least
 
+// ATTNLAB_WIDE (cpu/kernels.py sets it where ATen runs AVX-512): the batched product's blocks
+// are also compiled for AVX-512VL, whose 32 vector registers hold a wider block; it runs where
+// the CPU says it has AVX-512F and VL. The arithmetic is the same 8-lane code either way.
+#if defined(ATTNLAB_WIDE) && defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
+#define ATTNLAB_WIDE_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+bool wide_here() {
+  static const bool here =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return here;
+}
+#else
+#define ATTNLAB_WIDE_TARGET
+bool wide_here() { return false; }
+#endif
+
 // Σ_k w[k] · x[k] in 4 chains of 8 lanes (then 8 at a time, then one at a time: any width)
 template <typename T>
 inline float row_dot(const T* w, const float* x, int64_t k) {
@@ -69,15 +84,108 @@ inline float bias_at(const void* bias, bool bias_is_t, int64_t o) {
                      : static_cast<const float*>(bias)[o];
 }
 
-// y = x · Wᵀ + b, x float32, y float32 or T (each sum rounded once), the bias float32 or T
+// For O weight rows against R rows of x at once: out[o·R + r] = row_dot(w_o, x_r), each pair's
+// sums in row_dot's order exactly (4 chains of 8 lanes, the same tails, the same lane sum), so
+// a row gets the same bits in a batch as alone. What blocking buys is loads: row_dot reads a
+// weight vector and an x vector for each multiply-add (load-bound), a block reads O + R vectors
+// for O·R of them. Each pair keeps 4 chains, so a block holds 4·O·R sums in registers: the 32
+// vector registers of AVX-512VL take 2 × 3 (ATTNLAB_WIDE, below), AVX2's 16 take 1 × 2.
+//
+// ``ahead``: the next block's weight rows (or nullptr), fetched into the cache while this block
+// computes: a batch's block spends long enough on its rows that the hardware's own prefetching
+// falls behind, and the product then waits on memory and arithmetic in turn.
+template <int O, int R, typename T>
+__attribute__((always_inline)) inline void block_dot(const T* w, const float* x, int64_t k,
+                                                     float* out, const T* ahead, int pass,
+                                                     int passes) {
+  f8 a[O][R][4] = {};
+  int64_t i = 0;
+  for (int turn = 0; i + 32 <= k; i += 32, turn = turn + 1 == passes ? 0 : turn + 1) {
+    if (ahead && turn == pass)  // each pass over the block fetches its share
+      for (int o = 0; o < O; ++o)
+        for (size_t b = 0; b < 32 * sizeof(T); b += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(ahead + o * k + i) + b, 0, 1);
+    for (int u = 0; u < 4; ++u) {
+      f8 wv[O];
+      for (int o = 0; o < O; ++o) wv[o] = widen(w + o * k + i + 8 * u);
+      for (int r = 0; r < R; ++r) {
+        const f8 xv = load(x + r * k + i + 8 * u);
+        for (int o = 0; o < O; ++o) a[o][r][u] += wv[o] * xv;
+      }
+    }
+  }
+  for (; i + 8 <= k; i += 8)
+    for (int o = 0; o < O; ++o)
+      for (int r = 0; r < R; ++r) a[o][r][0] += widen(w + o * k + i) * load(x + r * k + i);
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) {
+      float tail = 0;
+      for (int64_t j = i; j < k; ++j) tail += static_cast<float>(w[o * k + j]) * x[r * k + j];
+      const f8* s = a[o][r];
+      out[o * R + r] = lane_sum((s[0] + s[1]) + (s[2] + s[3])) + tail;
+    }
+}
+
+// y[r, o0 .. o0+O) for every row r, R rows of x a block (then fewer: the same sums)
+template <int O, int R, typename T, typename Y>
+__attribute__((always_inline)) inline void block_rows(const float* x, const T* w,
+                                                      const void* bias, bool bias_is_t, Y* y,
+                                                      int64_t m, int64_t n, int64_t k,
+                                                      int64_t o0) {
+  float sums[O * R];
+  float b[O];
+  for (int o = 0; o < O; ++o) b[o] = bias_at<T>(bias, bias_is_t, o0 + o);
+  int64_t r0 = 0;
+  const auto put = [&](int rows) {
+    for (int o = 0; o < O; ++o)
+      for (int r = 0; r < rows; ++r) y[(r0 + r) * n + o0 + o] = Y(sums[o * rows + r] + b[o]);
+    r0 += rows;
+  };
+  // every pass over the block's weight rows fetches a share of the next block's (within n)
+  const T* next = o0 + 2 * O <= n ? w + (o0 + O) * k : nullptr;
+  const int passes = static_cast<int>(m / R + (R > 2 && m % R >= 2) + (m % R % 2 == 1));
+  int pass = 0;
+  for (; r0 + R <= m; ++pass) {
+    block_dot<O, R>(w + o0 * k, x + r0 * k, k, sums, next, pass, passes);
+    put(R);
+  }
+  if constexpr (R > 2) {
+    if (m - r0 >= 2) {
+      block_dot<O, 2>(w + o0 * k, x + r0 * k, k, sums, next, pass++, passes);
+      put(2);
+    }
+  }
+  if (m - r0 == 1) {
+    block_dot<O, 1>(w + o0 * k, x + r0 * k, k, sums, next, pass, passes);
+    put(1);
+  }
+}
+
+// The output channels [o, n1) for several rows of x: 2 × 3 blocks, compiled for AVX-512VL
+// (the blocks are inlined here, so they get its registers)
+template <typename T, typename Y>
+ATTNLAB_WIDE_TARGET void wide_rows(const float* x, const T* w, const void* bias, bool bias_is_t,
+                                   Y* y, int64_t m, int64_t n, int64_t k, int64_t o,
+                                   int64_t n1) {
+  for (; o + 2 <= n1; o += 2) block_rows<2, 3>(x, w, bias, bias_is_t, y, m, n, k, o);
+  for (; o < n1; ++o) block_rows<1, 2>(x, w, bias, bias_is_t, y, m, n, k, o);
+}
+
+// y = x · Wᵀ + b, x float32, y float32 or T (each sum rounded once), the bias float32 or T.
+// One row: a weight row at a time (bound by memory). Several: blocks of weight rows and rows
+// of x, wider where the CPU has AVX-512VL (wide_here()).
 template <typename T, typename Y>
 void product(const float* x, const T* w, const void* bias, bool bias_is_t, Y* y, int64_t m,
              int64_t n, int64_t k) {
+  if (m == 0) return;
+  const bool wide = m > 1 && wide_here();
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
-    for (int64_t o = n0; o < n1; ++o) {
-      const float b = bias_at<T>(bias, bias_is_t, o);
-      for (int64_t r = 0; r < m; ++r) y[r * n + o] = Y(row_dot(w + o * k, x + r * k, k) + b);
+    if (wide) return wide_rows(x, w, bias, bias_is_t, y, m, n, k, n0, n1);
+    if (m > 1) {
+      for (int64_t o = n0; o < n1; ++o) block_rows<1, 2>(x, w, bias, bias_is_t, y, m, n, k, o);
+      return;
     }
+    for (int64_t o = n0; o < n1; ++o) y[o] = Y(row_dot(w + o * k, x, k) + bias_at<T>(bias, bias_is_t, o));
   });
 }
 
