@@ -3,11 +3,14 @@ decoding of the same model on the same steps.
 
 The server runs in its own process (``attnlab serve``, as a user starts it); each client is a
 thread of this process with the official ``openai`` client, sending greedy streamed chat
-completions one after another for ``--seconds``. The figures: the generated tokens of every
-client together (the ``usage`` each stream ends with) over the wall time, its ratio to one
-client's, the time to the first token (median and 90th percentile over the requests), and the
-share of requests whose text is the one its prompt gets sent alone (greedy: a batch must not
-change it; in bf16 with AVX512-BF16 a batch's products round differently, so it may).
+completions one after another for ``--seconds``, no two with the same prompt (a number of
+its own, then one of eight requests: they share the chat template's system prompt, as a
+service's requests do, which serve's prompt cache reuses). The figures: the generated tokens
+of every client together (the ``usage`` each stream ends with) over the wall time, its ratio
+to one client's, the time to the first token (median and 90th percentile over the requests),
+and, for ``--check`` requests of each client count sent again alone afterwards, the share
+whose text is unchanged (greedy: a batch must not change it; in bf16 with AVX512-BF16 a
+batch's products round differently, so it may).
 Decoding reads every weight once per step whatever the batch, so batching concurrent requests
 should multiply the rate.
 
@@ -60,6 +63,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
            "--precision", args.precision] + ([] if args.verbose else ["--quiet"])
     if args.int4:
         cmd.append("--int4")
+    if args.prompt_cache is not None:
+        cmd += ["--prompt-cache", str(args.prompt_cache)]
     cmd.append("--compile" if args.compile else "--no-compile")
     proc = subprocess.Popen(cmd, stderr=None if args.verbose else subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -78,24 +83,34 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     sys.exit("the server did not start within 300 s")
 
 
+def message(serial: int) -> str:
+    """Request ``serial``'s user message: one of :data:`PROMPTS` behind a number of its own,
+    so that no two requests send the same prompt (they share the chat template's system
+    prompt, as a service's requests do, and no more)."""
+    return f"Request {serial}. {PROMPTS[serial % len(PROMPTS)]}"
+
+
 def run_clients(url: str, clients: int, seconds: float, max_tokens: int,
-                reference: dict[int, str] | None = None) -> tuple[int, float, list[float], float]:
+                first_serial: int) -> tuple[int, float, list[float], dict[int, str]]:
     """Each client sends streamed completions back to back until ``seconds`` have passed (the
     last one finishes); (generated tokens, wall seconds, each request's seconds to its first
-    piece of text, the share of requests whose text is ``reference``'s for their prompt:
-    the text it got alone)."""
+    piece of text, each request's text by its serial). Serials count from
+    ``first_serial``."""
     import openai
 
     tokens = [0] * clients
     firsts: list[float] = []
-    same: list[bool] = []
+    texts: dict[int, str] = {}
     end = time.monotonic() + seconds
+    serials = iter(range(first_serial, first_serial + 10**6))
+    lock = threading.Lock()
 
     def client(i: int) -> None:
         c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
-        k = i
         while time.monotonic() < end:
-            chat = [{"role": "user", "content": PROMPTS[k % len(PROMPTS)]}]
+            with lock:
+                serial = next(serials)
+            chat = [{"role": "user", "content": message(serial)}]
             sent, first, text = time.monotonic(), None, []
             for chunk in c.chat.completions.create(
                     model="m", messages=chat, max_tokens=max_tokens, temperature=0,
@@ -107,9 +122,7 @@ def run_clients(url: str, clients: int, seconds: float, max_tokens: int,
                     tokens[i] += chunk.usage.completion_tokens
             if first is not None:
                 firsts.append(first)
-            if reference is not None:
-                same.append("".join(text) == reference[k % len(PROMPTS)])
-            k += clients
+            texts[serial] = "".join(text)
 
     begun = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -117,17 +130,21 @@ def run_clients(url: str, clients: int, seconds: float, max_tokens: int,
         t.start()
     for t in threads:
         t.join()
-    return sum(tokens), time.monotonic() - begun, firsts, sum(same) / max(len(same), 1)
+    return sum(tokens), time.monotonic() - begun, firsts, texts
 
 
-def alone(url: str, max_tokens: int) -> dict[int, str]:
-    """Each prompt's greedy text, sent one at a time (the answers a batch must keep)."""
+def as_alone(url: str, texts: dict[int, str], max_tokens: int, sample: int) -> float:
+    """The share of ``sample`` of the requests (spread over the run) whose text equals the
+    one their prompt gets sent again alone, one at a time (greedy: what a batch must keep)."""
     import openai
 
     c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
-    return {k: c.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": p}], max_tokens=max_tokens,
-        temperature=0).choices[0].message.content for k, p in enumerate(PROMPTS)}
+    serials = sorted(texts)
+    picked = serials[:: max(1, len(serials) // sample)][:sample]
+    same = [c.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": message(k)}], max_tokens=max_tokens,
+        temperature=0).choices[0].message.content == texts[k] for k in picked]
+    return sum(same) / max(len(same), 1)
 
 
 def batch_worker(args) -> None:
@@ -148,11 +165,10 @@ def batch_worker(args) -> None:
                               max_new_tokens=args.max_tokens)
     decoding = Decoding(loaded, options)
     template = chat_template_for(loaded)
-    prompts = [loaded.tokenizer.encode(template.render([{"role": "user", "content": p}]))
-               for p in PROMPTS]
     rates = {}
     for n in args.clients:
-        rows = [prompts[i % len(prompts)] for i in range(n)]
+        rows = [loaded.tokenizer.encode(template.render([{"role": "user", "content": message(i)}]))
+                for i in range(n)]
         width = max(map(len, rows))
         pad = loaded.config.pad_id or 0
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
@@ -175,6 +191,10 @@ def main() -> None:
     p.add_argument("--precision", default="auto")
     p.add_argument("--int4", action="store_true")
     p.add_argument("--verbose", action="store_true", help="the server's log on stderr")
+    p.add_argument("--check", type=int, default=8,
+                   help="requests of each client count sent again alone to compare texts")
+    p.add_argument("--prompt-cache", type=float, default=None, metavar="MB",
+                   help="serve's --prompt-cache (default: serve's own)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="serve's compiled step (its default; the compile falls in the warm-up)")
     p.add_argument("--batch-worker", action="store_true", help=argparse.SUPPRESS)
@@ -192,16 +212,18 @@ def main() -> None:
           f"{torch.__version__}, Python {platform.python_version()}")
     proc, url = start_server(args)
     try:
-        run_clients(url, 1, 0.1, 8)  # warm up: the first forward allocates (and compiles)
-        reference = alone(url, args.max_tokens)
-        rows = []
+        run_clients(url, 1, 0.1, 8, 10**6)  # warm up: the first forward allocates
+        rows, serial = [], 0
         for n in args.clients:
-            tokens, wall, firsts, same = run_clients(url, n, args.seconds, args.max_tokens,
-                                                     reference)
-            rows.append((n, tokens, wall, tokens / wall, statistics.median(firsts),
+            tokens, wall, firsts, texts = run_clients(url, n, args.seconds, args.max_tokens,
+                                                      serial)
+            serial += len(texts)
+            rows.append([n, tokens, wall, tokens / wall, statistics.median(firsts),
                          statistics.quantiles(firsts, n=10)[-1] if len(firsts) > 1
-                         else firsts[0], same))
+                         else firsts[0], texts])
             print(f"{n} clients: {tokens} tokens in {wall:.1f} s", flush=True)
+        for row in rows:  # after every count: the checks do not share its time
+            row[-1] = as_alone(url, row[-1], args.max_tokens, args.check)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -213,8 +235,9 @@ def main() -> None:
             sys.exit(f"the batch worker failed:\n{worker.stderr}")
         batched = {int(k): v for k, v in json.loads(worker.stdout.splitlines()[-1]).items()}
     base = rows[0][3]
+    cache = "" if args.prompt_cache is None else f" --prompt-cache {args.prompt_cache:g}"
     print(f"\nattnlab serve --model {args.model} --precision {args.precision}"
-          f"{' --int4' if args.int4 else ''}{'' if args.compile else ' --no-compile'}, "
+          f"{' --int4' if args.int4 else ''}{'' if args.compile else ' --no-compile'}{cache}, "
           "greedy streamed chat completions of up to "
           f"{args.max_tokens} tokens, {torch.get_num_threads()} threads; batched: the same "
           f"pipeline, one batch of N prompts, {args.max_tokens} steps\n")

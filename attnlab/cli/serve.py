@@ -26,6 +26,7 @@ from attnlab.cli.common import (
     decoding_options,
 )
 from attnlab.cli.http import graceful_server, listen, loopback
+from attnlab.serving.prompt_cache import DEFAULT_MB
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -35,6 +36,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
                              f"{getattr(args, name)}")
     if not args.request_timeout > 0 or args.shutdown_grace < 0:
         raise UsageError("--request-timeout must be > 0 and --shutdown-grace >= 0")
+    if not 0 <= args.prompt_cache <= 1 << 20:
+        raise UsageError(f"--prompt-cache must be between 0 and {1 << 20} MB, got "
+                         f"{args.prompt_cache:g}")
     try:
         import uvicorn
 
@@ -95,7 +99,8 @@ def build_service(args: argparse.Namespace):
                       "/v1/chat/completions is off", file=sys.stderr)
         announce(args, loaded.path, device, decoding.runtime.label)
         context = loaded.config.context or loaded.config.max_len
-        engine = Engine(decoding.model, args.max_batch, compiled=decoding.compiled).start()
+        engine = Engine(decoding.model, args.max_batch, compiled=decoding.compiled,
+                        prompt_cache_bytes=int(args.prompt_cache * (1 << 20))).start()
         if engine.compiled is not None:
             if not args.quiet:
                 print("attnlab serve: compiling the decoding step (--no-compile skips it)",
@@ -140,6 +145,11 @@ def add_commands(sub) -> None:
                        help="a jinja chat template (default: the model's own, if it has one)")
     serve.add_argument("--max-batch", type=int, default=8,
                        help="requests decoded together; more wait their turn")
+    serve.add_argument("--prompt-cache", type=float, default=float(DEFAULT_MB),
+                       metavar="MB",
+                       help="keep recent prompts' keys and values, up to this many MB, so a "
+                            "prompt that begins as an earlier one did (a system prompt, a "
+                            "chat's earlier turns) prefills only the rest (0: off)")
     serve.add_argument("--max-tokens", type=int, default=4096,
                        help="the most new tokens a request may ask for")
     serve.add_argument("--request-timeout", type=float, default=600.0,

@@ -43,6 +43,7 @@ from attnlab.cpu.kernels import hand_over_threads
 from attnlab.errors import BadInput
 from attnlab.generation.compiled import CompiledStep
 from attnlab.generation.decode import last_logits, next_tokens
+from attnlab.serving.prompt_cache import DEFAULT_MB, PromptCache
 from attnlab.serving.static_batch import StaticBatch, row_buckets
 
 
@@ -90,9 +91,12 @@ class Engine:
     ready for decoding (:func:`attnlab.cpu.for_decoding`)."""
 
     def __init__(self, model: nn.Module, max_batch: int = 8,
-                 compiled: CompiledStep | None = None):
+                 compiled: CompiledStep | None = None,
+                 prompt_cache_bytes: int = DEFAULT_MB << 20):
         if max_batch < 1:
             raise BadInput(f"max_batch must be >= 1, got {max_batch}")
+        # earlier prompts' keys and values, for prompts that begin as they did (0: none)
+        self.prompts = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.model = model.eval()
         self.max_batch = max_batch
         # with a compiled step the batch lives in fixed shapes (serving/static_batch.py)
@@ -234,17 +238,36 @@ class Engine:
 
     def _join(self, handles: list[Handle]) -> None:
         """Prefill the new prompts (left-padded together), choose their first tokens, and put
-        their keys and values into the batch's cache."""
-        n, p = len(handles), max(len(h.request.ids) for h in handles)
-        ids = torch.zeros(n, p, dtype=torch.long, device=self.device)
-        mask = torch.zeros(n, p, dtype=torch.bool, device=self.device)
-        for i, h in enumerate(handles):
-            prompt = h.request.ids
-            ids[i, p - len(prompt):] = torch.tensor(prompt, device=self.device)
-            mask[i, p - len(prompt):] = True
+        their keys and values into the batch's cache. Where every new prompt begins with
+        tokens an earlier prompt had (:class:`~attnlab.serving.prompt_cache.PromptCache`), the
+        first ``shared`` columns of the cache come from there and only the rest run:
+
+            columns   [ shared (each row's own entry) | new tokens, left-padded ]
+        """
+        n = len(handles)
+        prompts = [h.request.ids for h in handles]
+        found = [self.prompts.longest(p) if self.prompts else (0, None) for p in prompts]
+        shared = min(length for length, _ in found)  # one width for the whole join
+        width = max(len(p) for p in prompts) - shared
+        ids = torch.zeros(n, width, dtype=torch.long, device=self.device)
+        mask = torch.zeros(n, shared + width, dtype=torch.bool, device=self.device)
+        mask[:, :shared] = True
+        for i, prompt in enumerate(prompts):
+            new = prompt[shared:]
+            ids[i, width - len(new):] = torch.tensor(new, device=self.device)
+            mask[i, shared + width - len(new):] = True
         # never a rolling cache: rows of different lengths share the columns
-        cache = self.model.new_cache(capacity=p + 64, rolling=False)
+        cache = self.model.new_cache(capacity=shared + width + 64, rolling=False)
+        if shared:
+            _start_from(cache, [layers for _, layers in found], shared, width + 64)
+            self.prompts.reused += shared * n
         logits = last_logits(self.model, ids, cache, mask)
+        if self.prompts is not None:
+            for i, prompt in enumerate(prompts):
+                real = mask[i].nonzero().squeeze(1)
+                self.prompts.store(prompt, [(layer.k[i : i + 1].index_select(2, real),
+                                             layer.v[i : i + 1].index_select(2, real))
+                                            for layer in cache])
         rows = [_Row(h, _generator(h.request, self.device)) for h in handles]
         first = self._choose(logits.float(), rows)
         keep = self._emit(rows, first)
@@ -360,6 +383,22 @@ class Engine:
                 layer.k, layer.v = layer.k[:, :, cut:], layer.v[:, :, cut:]
                 layer.length -= cut
             self._mask = self._mask[:, cut:]
+
+
+def _start_from(cache, entries: list, shared: int, room: int) -> None:
+    """Fill the first ``shared`` columns of every layer of ``cache`` (one row per entry) with
+    the entries' first ``shared`` keys and values, with ``room`` columns after them."""
+    for j, layer in enumerate(cache):
+        pair = []
+        for which in (0, 1):
+            first = entries[0][j][which]
+            b, (_, h, _, d) = len(entries), first.shape
+            storage = first.new_zeros(b, h, shared + room, d)
+            for i, layers in enumerate(entries):
+                storage[i, :, :shared] = layers[j][which][0, :, :shared]
+            pair.append(storage)
+        layer.k, layer.v = pair
+        layer.length = shared
 
 
 def _generator(request: Request, device: torch.device) -> torch.Generator | None:

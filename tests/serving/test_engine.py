@@ -301,3 +301,75 @@ def test_the_engine_hands_the_cpu_threads_over_when_it_starts(monkeypatch):
     engine = Engine(_model("llama"), max_batch=2).start()
     engine.stop()
     assert calls == [True]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_prompts_that_begin_as_earlier_ones_reuse_their_keys_and_decode_as_alone(family,
+                                                                                 compiled):
+    """A shared system prompt, a conversation's next turn (an earlier prompt and its answer
+    plus more), a repeated prompt, and prompts joining together with different shares: each
+    prefills only what no earlier prompt had, and every request's tokens equal decoding it
+    alone, from scratch."""
+    from attnlab.serving import engine as module
+
+    model = _model(family)
+    step = CompiledStep(backend="eager") if compiled else None
+    engine = Engine(model, max_batch=3, compiled=step).start()
+    g = torch.Generator().manual_seed(2)
+    system = torch.randint(4, 40, (9,), generator=g).tolist()
+    first = system + [7, 8, 9]
+    asks = [torch.randint(4, 40, (n,), generator=g).tolist() for n in (4, 2, 6, 3)]
+    runs, prompts = [], []
+
+    def ask(prompt, n=6):
+        prompts.append(prompt)
+        runs.append(Collect())
+        engine.submit(Request(prompt, n, runs[-1]))
+        return runs[-1]
+
+    prefilled = []
+    real_start = module._start_from
+    try:
+        module._start_from = lambda cache, entries, shared, room: (
+            prefilled.append(shared), real_start(cache, entries, shared, room))
+        assert ask(first).done.wait(30)
+        turn = first + runs[0].tokens + asks[0]  # the next turn of the same chat
+        assert ask(turn).done.wait(30)
+        together = [ask(system + a) for a in asks[1:]]  # joining at once, the system shared
+        assert all(r.done.wait(30) for r in together)
+        assert ask(first).done.wait(30)  # the same prompt again: all but its last token
+    finally:
+        module._start_from = real_start
+        engine.stop()
+    for p, r in zip(prompts, runs, strict=True):
+        assert r.tokens == generate(model, torch.tensor([p]), 6)[0, len(p):].tolist()
+    assert prefilled[0] == len(first)  # a prompt's own tokens are kept, not its answer's
+    assert prefilled[-1] == len(first) - 1
+    assert len(system) in prefilled  # the joint join shared the system prompt
+    assert engine.prompts.reused >= len(first) + 3 * len(system) + len(first) - 1
+
+
+def test_the_prompt_cache_keeps_the_most_recent_prompts_within_its_budget():
+    from attnlab.serving.prompt_cache import PromptCache
+
+    def layers(n):  # two layers of (1, 2 heads, n, 4) float32: 2 * 2 * 2 * n * 4 * 4 bytes
+        return [(torch.full((1, 2, n, 4), float(n)), torch.zeros(1, 2, n, 4))] * 2
+
+    per_token = 2 * 2 * 2 * 4 * 4
+    cache = PromptCache(10 * per_token)
+    cache.store([1, 2, 3], layers(3))
+    cache.store([1, 2, 9, 9], layers(4))
+    assert cache.used == 7 * per_token
+    assert cache.longest([1, 2, 3, 4])[0] == 3
+    assert cache.longest([1, 2, 3])[0] == 2  # the last token always runs
+    assert cache.longest([5])[0] == 0 and cache.longest([5])[1] is None
+    length, found = cache.longest([1, 2, 9, 7])
+    assert length == 3 and found[0][0][0, 0, 0, 0] == 4  # the longer entry's layers
+    cache.store([4, 4, 4, 4], layers(4))  # 11 tokens > 10: the least recently used goes
+    assert len(cache) == 2 and cache.used == 8 * per_token
+    assert cache.longest([1, 2, 3, 5])[0] == 2  # [1, 2, 3] went ([1, 2, 9, 9] was used)
+    cache.store(list(range(11)), layers(11))  # larger than the whole budget: not kept
+    assert len(cache) == 2
+    with pytest.raises(ValueError, match="budget"):
+        PromptCache(-1)

@@ -430,3 +430,13 @@ def test_the_documented_serving_example_runs(server, capsys):
         model="tiny", messages=[{"role": "user", "content": "Write a haiku about rain."}],
         max_tokens=40, temperature=0.7, seed=1)
     assert streamed == whole.choices[0].message.content and streamed
+
+
+def test_a_bad_prompt_cache_size_is_refused_before_loading():
+    for size in ("-1", "nan"):
+        proc = subprocess.run([sys.executable, "-m", "attnlab.cli", "serve", "--model",
+                               "no-such-model", "--prompt-cache", size],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2
+        assert "--prompt-cache must be between 0 and" in proc.stderr
+        assert "Traceback" not in proc.stderr
