@@ -109,7 +109,8 @@ __attribute__((always_inline)) inline void block_dot(const T* w, const float* x,
       f8 wv[O];
       for (int o = 0; o < O; ++o) wv[o] = widen(w + o * k + i + 8 * u);
       for (int r = 0; r < R; ++r) {
-        const f8 xv = load(x + r * k + i + 8 * u);
+        f8 xv = load(x + r * k + i + 8 * u);
+        asm("" : "+v"(xv));  // one load for the O products (else the compiler reads it O times)
         for (int o = 0; o < O; ++o) a[o][r][u] += wv[o] * xv;
       }
     }
@@ -132,6 +133,7 @@ __attribute__((always_inline)) inline void block_rows(const float* x, const T* w
                                                       const void* bias, bool bias_is_t, Y* y,
                                                       int64_t m, int64_t n, int64_t k,
                                                       int64_t o0) {
+  static_assert(R >= 1 && R <= 3, "the remainder below takes at most 2 rows");
   float sums[O * R];
   float b[O];
   for (int o = 0; o < O; ++o) b[o] = bias_at<T>(bias, bias_is_t, o0 + o);
