@@ -110,7 +110,9 @@ __attribute__((always_inline)) inline void block_dot(const T* w, const float* x,
       for (int o = 0; o < O; ++o) wv[o] = widen(w + o * k + i + 8 * u);
       for (int r = 0; r < R; ++r) {
         f8 xv = load(x + r * k + i + 8 * u);
-        asm("" : "+v"(xv));  // one load for the O products (else the compiler reads it O times)
+#if defined(ATTNLAB_X86)  // one load for the O products (else the compiler reads it O times)
+        asm("" : "+v"(xv));
+#endif
         for (int o = 0; o < O; ++o) a[o][r][u] += wv[o] * xv;
       }
     }
