@@ -91,10 +91,10 @@ def message(serial: int) -> str:
 
 
 def run_clients(url: str, clients: int, seconds: float, max_tokens: int,
-                first_serial: int) -> tuple[int, float, list[float], dict[int, str]]:
+                first_serial: int) -> tuple[int, float, list[float], dict[int, str], int]:
     """Each client sends streamed completions back to back until ``seconds`` have passed (the
     last one finishes); (generated tokens, wall seconds, each request's seconds to its first
-    piece of text, each request's text by its serial). Serials count from
+    piece of text, each request's text by its serial, the next serial). Serials count from
     ``first_serial``."""
     import openai
 
@@ -130,12 +130,13 @@ def run_clients(url: str, clients: int, seconds: float, max_tokens: int,
         t.start()
     for t in threads:
         t.join()
-    return sum(tokens), time.monotonic() - begun, firsts, texts
+    return sum(tokens), time.monotonic() - begun, firsts, texts, next(serials)
 
 
 def as_alone(url: str, texts: dict[int, str], max_tokens: int, sample: int) -> float:
     """The share of ``sample`` of the requests (spread over the run) whose text equals the
-    one their prompt gets sent again alone, one at a time (greedy: what a batch must keep)."""
+    one their prompt gets sent again alone, one at a time (greedy: what a batch must keep; the
+    server's prompt cache serves it as any request), or NaN when no request finished."""
     import openai
 
     c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
@@ -144,7 +145,7 @@ def as_alone(url: str, texts: dict[int, str], max_tokens: int, sample: int) -> f
     same = [c.chat.completions.create(
         model="m", messages=[{"role": "user", "content": message(k)}], max_tokens=max_tokens,
         temperature=0).choices[0].message.content == texts[k] for k in picked]
-    return sum(same) / max(len(same), 1)
+    return sum(same) / len(same) if same else float("nan")
 
 
 def batch_worker(args) -> None:
@@ -212,12 +213,11 @@ def main() -> None:
           f"{torch.__version__}, Python {platform.python_version()}")
     proc, url = start_server(args)
     try:
-        run_clients(url, 1, 0.1, 8, 10**6)  # warm up: the first forward allocates
+        run_clients(url, 1, 0.1, 8, 10**7)  # warm up: the first forward allocates
         rows, serial = [], 0
         for n in args.clients:
-            tokens, wall, firsts, texts = run_clients(url, n, args.seconds, args.max_tokens,
-                                                      serial)
-            serial += len(texts)
+            tokens, wall, firsts, texts, serial = run_clients(url, n, args.seconds,
+                                                              args.max_tokens, serial)
             rows.append([n, tokens, wall, tokens / wall, statistics.median(firsts),
                          statistics.quantiles(firsts, n=10)[-1] if len(firsts) > 1
                          else firsts[0], texts])

@@ -73,6 +73,7 @@ _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = [_CSRC / n for n in ("int_kernels.cpp", "float_kernels.cpp", "decode_attention.cpp")]
 _HEADERS = [_CSRC / "vectors.h"]  # (part of the cache key)
 _DPBF16 = "-DATTNLAB_DPBF16"  # bf16_batch_matmul's vdpbf16ps (float_kernels.cpp)
+_WIDE = "-DATTNLAB_WIDE"  # the batched float product's AVX-512VL blocks (float_kernels.cpp)
 
 
 def _openmp_runtime() -> str | None:
@@ -100,6 +101,8 @@ def hand_over_threads() -> bool:
     import ctypes
 
     runtime = _openmp_runtime() if torch.backends.openmp.is_available() else None
+    if runtime is None or "gomp" not in Path(runtime).name:  # LLVM's libomp: a hard pause
+        return False  # stops its whole runtime, and its workers do not sleep so soon
     try:
         pause = ctypes.CDLL(runtime).omp_pause_resource_all if runtime else None
     except (OSError, AttributeError):
@@ -117,7 +120,7 @@ def _flags() -> tuple[list[str], list[str]]:
     if capability in ("AVX2", "AVX512"):
         cflags += ["-mavx2", "-mfma", "-mf16c"]
     if capability == "AVX512":  # the batched float product's wider blocks (float_kernels.cpp)
-        cflags.append("-DATTNLAB_WIDE")
+        cflags.append(_WIDE)
     if capability == "AVX512" and _bf16_dot():
         cflags.append(_DPBF16)
     runtime = _openmp_runtime() if torch.backends.openmp.is_available() else None
@@ -194,12 +197,14 @@ def _load() -> bool:
         return _without("not built on Windows")
     cflags, ldflags = _flags()
     built = _build(cflags, ldflags)
-    if built is not True and _DPBF16 in cflags:  # (an assembler without AVX512-BF16, say)
-        why, built = built, _build([f for f in cflags if f != _DPBF16], ldflags)
+    avx512 = (_DPBF16, _WIDE)
+    if built is not True and any(f in cflags for f in avx512):  # (an assembler without
+        # AVX-512, say): the AVX2 kernels alone
+        why, built = built, _build([f for f in cflags if f not in avx512], ldflags)
         if built is True:  # said, not silent: its FAILED file would keep it off
-            warnings.warn(f"attnlab's AVX512-BF16 batch kernel could not be built ({why}); "
-                          "a step of several bf16 sequences multiplies float32 activations, "
-                          "slower", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"attnlab's AVX-512 kernels could not be built ({why}); a step of "
+                          "several sequences runs the AVX2 ones (bf16 with float32 "
+                          "activations), slower", RuntimeWarning, stacklevel=3)
     if built is not True:
         return _without(built)
     global _DOT_ROWS

@@ -206,6 +206,8 @@ class Engine:
                 except Exception as e:  # a bug: end every request rather than hang them
                     self._fail(e, self._take_all())
         self._finish(self._take_all(), "cancelled")
+        if self.prompts is not None:
+            self.prompts.clear()
 
     def _fail(self, error: Exception, handles: list[Handle]) -> None:
         import traceback
@@ -238,36 +240,41 @@ class Engine:
 
     def _join(self, handles: list[Handle]) -> None:
         """Prefill the new prompts (left-padded together), choose their first tokens, and put
-        their keys and values into the batch's cache. Where every new prompt begins with
-        tokens an earlier prompt had (:class:`~attnlab.serving.prompt_cache.PromptCache`), the
-        first ``shared`` columns of the cache come from there and only the rest run:
+        their keys and values into the batch's cache. Where a prompt begins with tokens an
+        earlier prompt had (:class:`~attnlab.serving.prompt_cache.PromptCache`), its cache's
+        first columns come from there, and the join runs only the last ``width`` tokens of
+        each prompt, ``width`` the most that any of them has to run; every row stays
+        contiguous (padding on its left only, as positions and ALiBi's distances assume):
 
-            columns   [ shared (each row's own entry) | new tokens, left-padded ]
+            row i   [ padding | c_i tokens from its entry | its last len_i − c_i tokens ]
+                      columns 0 … reused − 1                columns reused … reused + width − 1
         """
         n = len(handles)
         prompts = [h.request.ids for h in handles]
         found = [self.prompts.longest(p) if self.prompts else (0, None) for p in prompts]
-        shared = min(length for length, _ in found)  # one width for the whole join
-        width = max(len(p) for p in prompts) - shared
+        width = max(len(p) - length for p, (length, _) in zip(prompts, found, strict=True))
+        cached = [max(0, len(p) - width) for p in prompts]  # c_i <= what its entry holds
+        reused = max(cached)
         ids = torch.zeros(n, width, dtype=torch.long, device=self.device)
-        mask = torch.zeros(n, shared + width, dtype=torch.bool, device=self.device)
-        mask[:, :shared] = True
-        for i, prompt in enumerate(prompts):
-            new = prompt[shared:]
+        mask = torch.zeros(n, reused + width, dtype=torch.bool, device=self.device)
+        for i, (prompt, c) in enumerate(zip(prompts, cached, strict=True)):
+            new = prompt[c:]
             ids[i, width - len(new):] = torch.tensor(new, device=self.device)
-            mask[i, shared + width - len(new):] = True
+            mask[i, reused + width - len(prompt):] = True  # contiguous, ending last
         # never a rolling cache: rows of different lengths share the columns
-        cache = self.model.new_cache(capacity=shared + width + 64, rolling=False)
-        if shared:
-            _start_from(cache, [layers for _, layers in found], shared, width + 64)
-            self.prompts.reused += shared * n
+        cache = self.model.new_cache(capacity=reused + width + 64, rolling=False)
+        if reused:
+            _start_from(cache, [layers for _, layers in found], cached, width + 64)
+            self.prompts.reused += sum(cached)
         logits = last_logits(self.model, ids, cache, mask)
         if self.prompts is not None:
             for i, prompt in enumerate(prompts):
-                real = mask[i].nonzero().squeeze(1)
-                self.prompts.store(prompt, [(layer.k[i : i + 1].index_select(2, real),
-                                             layer.v[i : i + 1].index_select(2, real))
-                                            for layer in cache])
+                if self.prompts.admits(prompt, _bytes(cache, len(prompt))):
+                    real = torch.arange(reused + width - len(prompt), reused + width,
+                                        device=self.device)
+                    self.prompts.store(prompt, [(layer.k[i : i + 1].index_select(2, real),
+                                                 layer.v[i : i + 1].index_select(2, real))
+                                                for layer in cache])
         rows = [_Row(h, _generator(h.request, self.device)) for h in handles]
         first = self._choose(logits.float(), rows)
         keep = self._emit(rows, first)
@@ -385,20 +392,30 @@ class Engine:
             self._mask = self._mask[:, cut:]
 
 
-def _start_from(cache, entries: list, shared: int, room: int) -> None:
-    """Fill the first ``shared`` columns of every layer of ``cache`` (one row per entry) with
-    the entries' first ``shared`` keys and values, with ``room`` columns after them."""
+def _start_from(cache, entries: list, cached: list[int], room: int) -> None:
+    """Fill every layer of ``cache`` (one row per entry) with the first ``cached[i]`` keys and
+    values of entry i, right-aligned at column ``max(cached)`` (zeros on their left: masked
+    keys must not be NaN), with ``room`` columns after them."""
+    reused = max(cached)
     for j, layer in enumerate(cache):
         pair = []
         for which in (0, 1):
-            first = entries[0][j][which]
-            b, (_, h, _, d) = len(entries), first.shape
-            storage = first.new_zeros(b, h, shared + room, d)
-            for i, layers in enumerate(entries):
-                storage[i, :, :shared] = layers[j][which][0, :, :shared]
+            first = next(e for e in entries if e is not None)[j][which]
+            _, h, _, d = first.shape
+            storage = first.new_zeros(len(entries), h, reused + room, d)
+            for i, (layers, c) in enumerate(zip(entries, cached, strict=True)):
+                if c:
+                    storage[i, :, reused - c : reused] = layers[j][which][0, :, :c]
             pair.append(storage)
         layer.k, layer.v = pair
-        layer.length = shared
+        layer.length = reused
+
+
+def _bytes(cache, tokens: int) -> int:
+    """The bytes of ``tokens`` columns of one row's keys and values in every layer of
+    ``cache``."""
+    return sum(2 * layer.k.shape[1] * tokens * layer.k.shape[3] * layer.k.element_size()
+               for layer in cache)
 
 
 def _generator(request: Request, device: torch.device) -> torch.Generator | None:

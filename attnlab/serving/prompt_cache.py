@@ -61,23 +61,35 @@ class PromptCache:
             self._entries.move_to_end(key)
         return best, layers
 
+    def admits(self, ids: list[int], size: int) -> bool:
+        """Whether :meth:`store` would keep ``ids``'s keys and values of ``size`` bytes (so
+        that the caller copies them only then): not held yet, and within the budget."""
+        return tuple(ids) not in self._entries and size <= self.budget
+
     def store(self, ids: list[int], layers: Layers) -> None:
         """Keep ``layers`` (every layer's ``(1, kv_heads, len(ids), d_k)`` keys and values) as
         ``ids``'s entry, the least recently used going until the budget holds; an entry larger
-        than the whole budget is not kept."""
+        than the whole budget is not kept, and entries that are the start of ``ids`` (a
+        conversation's earlier turns) go, as ``ids``'s entry holds all they do."""
         key = tuple(ids)
         size = sum(k.numel() * k.element_size() + v.numel() * v.element_size()
                    for k, v in layers)
-        if key in self._entries:
-            self._entries.move_to_end(key)
+        if not self.admits(ids, size):
+            if key in self._entries:
+                self._entries.move_to_end(key)
             return
-        if size > self.budget:
-            return
+        for prompt in [p for p in self._entries if len(p) < len(key) and key[:len(p)] == p]:
+            self.used -= self._entries.pop(prompt)[1]
         while self.used + size > self.budget:
             _, (_, freed) = self._entries.popitem(last=False)
             self.used -= freed
         self._entries[key] = (layers, size)
         self.used += size
+
+    def clear(self) -> None:
+        """Forget every entry (the engine stopped)."""
+        self._entries.clear()
+        self.used = 0
 
 
 __all__ = ["DEFAULT_MB", "PromptCache"]

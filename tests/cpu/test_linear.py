@@ -269,6 +269,8 @@ def test_vdpbf16ps_is_built_only_for_a_cpu_with_avx512_bf16_unless_turned_off(mo
     assert flag not in flags("AVX512", True, ATTNLAB_DPBF16="0")
     assert flag not in flags("AVX512", False)
     assert flag not in flags("AVX2", True)
+    wide = cpu_kernels._WIDE  # the batched float product's AVX-512VL blocks: ATen's AVX-512
+    assert wide in flags("AVX512", False) and wide not in flags("AVX2", True)
     assert "-mavx2" in flags("AVX2", True)
 
 
@@ -388,28 +390,31 @@ def test_a_bf16_llama_decodes_with_bf16_matrices_and_float32_activations():
         assert ours <= bound, (prompt, ours, scale)
 
 
-def test_a_build_that_fails_with_vdpbf16ps_is_retried_without_it(monkeypatch):
-    """An assembler or compiler that cannot build the AVX512-BF16 code must not take the other
-    kernels with it: the build runs again without the flag, and that is said (its FAILED file
-    would otherwise keep it off silently); a second failure is said once."""
-    flag = cpu_kernels._DPBF16
+@pytest.mark.parametrize("flags", [[cpu_kernels._DPBF16], [cpu_kernels._WIDE],
+                                   [cpu_kernels._WIDE, cpu_kernels._DPBF16]])
+def test_a_build_that_fails_with_vdpbf16ps_is_retried_without_it(monkeypatch, flags):
+    """An assembler or compiler that cannot build the AVX-512 code (AVX512-BF16's product, the
+    wide float blocks) must not take the other kernels with it: the build runs again without
+    those flags, and that is said (its FAILED file would otherwise keep it off silently); a
+    second failure is said once."""
     calls = []
 
     def build(cflags, ldflags, fails_without=False):
         calls.append(list(cflags))
-        return "no AVX512-BF16 here" if flag in cflags or fails_without else True
+        return ("no AVX512-BF16 here" if any(f in cflags for f in flags) or fails_without
+                else True)
 
-    monkeypatch.setattr(cpu_kernels, "_flags", lambda: (["-O3", flag], []))
+    monkeypatch.setattr(cpu_kernels, "_flags", lambda: (["-O3", *flags], []))
     monkeypatch.setattr(cpu_kernels, "_DOT_ROWS", cpu_kernels._DOT_ROWS)  # (restored after)
     monkeypatch.setattr(cpu_kernels, "_build", build)
     with pytest.warns(RuntimeWarning) as said:
-        assert cpu_kernels._load() is True and calls == [["-O3", flag], ["-O3"]]
+        assert cpu_kernels._load() is True and calls == [["-O3", *flags], ["-O3"]]
     assert [str(w.message) for w in said] == [
-        "attnlab's AVX512-BF16 batch kernel could not be built (no AVX512-BF16 here); a step "
-        "of several bf16 sequences multiplies float32 activations, slower"]
+        "attnlab's AVX-512 kernels could not be built (no AVX512-BF16 here); a step of several "
+        "sequences runs the AVX2 ones (bf16 with float32 activations), slower"]
     calls.clear()
     monkeypatch.setattr(cpu_kernels, "_build", lambda c, ld: build(c, ld, fails_without=True))
     with pytest.warns(RuntimeWarning) as said:
         assert cpu_kernels._load() is False
-    assert calls == [["-O3", flag], ["-O3"]] and len(said) == 1
+    assert calls == [["-O3", *flags], ["-O3"]] and len(said) == 1
     assert "could not be built (no AVX512-BF16 here)" in str(said[0].message)

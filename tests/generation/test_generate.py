@@ -102,7 +102,9 @@ def test_decoding_layout_changes_memory_not_values(preset, tmp_path):
     assert torch.equal(generate(m, ids, 12), tokens)
     save_model_dir(tmp_path / "saved", m, m.config, {})
     with torch.no_grad():
-        assert torch.equal(load_model_dir(tmp_path / "saved")[0](ids), m(ids))
+        # (laid out again: the kernel and PyTorch's GEMM round differently)
+        loaded = decoding_layout_(load_model_dir(tmp_path / "saved")[0])
+        assert torch.equal(loaded(ids), m(ids))
     m.train()  # still trains: gradients take the parameters' layout
     opt = build_optimizer(m, TrainConfig(optimizer="adamw", weight_decay=0.1), 1e-2)
     m(ids).logsumexp(-1).mean().backward()

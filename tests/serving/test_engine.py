@@ -304,50 +304,74 @@ def test_the_engine_hands_the_cpu_threads_over_when_it_starts(monkeypatch):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, "alibi"])
 def test_prompts_that_begin_as_earlier_ones_reuse_their_keys_and_decode_as_alone(family,
                                                                                  compiled):
-    """A shared system prompt, a conversation's next turn (an earlier prompt and its answer
-    plus more), a repeated prompt, and prompts joining together with different shares: each
-    prefills only what no earlier prompt had, and every request's tokens equal decoding it
-    alone, from scratch."""
+    """A conversation's next turn (an earlier prompt and its answer plus more), prompts that
+    share a system prompt joining at once with one that shares nothing and one that is long,
+    and a repeated prompt: each prefills only what no earlier prompt had (every row
+    contiguous: ALiBi's distances and the context hold), and every request's tokens equal
+    decoding it alone, from scratch."""
     from attnlab.serving import engine as module
 
-    model = _model(family)
+    if family == "alibi":
+        torch.manual_seed(0)
+        config = ModelConfig.from_preset("gpt-mini", vocab_size=40, d_model=32, n_heads=4,
+                                         d_ff=64, n_decoder_layers=2, max_len=64, dropout=0.0,
+                                         tie_embeddings=False, positional="alibi")
+        model = build_model(config).eval()
+    else:
+        model = _model(family)
     step = CompiledStep(backend="eager") if compiled else None
-    engine = Engine(model, max_batch=3, compiled=step).start()
+    engine = Engine(model, max_batch=4, compiled=step).start()
     g = torch.Generator().manual_seed(2)
     system = torch.randint(4, 40, (9,), generator=g).tolist()
     first = system + [7, 8, 9]
-    asks = [torch.randint(4, 40, (n,), generator=g).tolist() for n in (4, 2, 6, 3)]
-    runs, prompts = [], []
+    asks = [torch.randint(4, 40, (n,), generator=g).tolist() for n in (4, 2, 6, 30)]
+    runs, prompts, news = [], [], []
+
+    def request(prompt, n=6):
+        prompts.append(prompt)
+        news.append(n)
+        runs.append(Collect())
+        return Handle(Request(prompt, n, runs[-1]))
 
     def ask(prompt, n=6):
-        prompts.append(prompt)
-        runs.append(Collect())
-        engine.submit(Request(prompt, n, runs[-1]))
+        engine.submit(request(prompt, n).request)
         return runs[-1]
 
     prefilled = []
     real_start = module._start_from
     try:
-        module._start_from = lambda cache, entries, shared, room: (
-            prefilled.append(shared), real_start(cache, entries, shared, room))
+        module._start_from = lambda cache, entries, cached, room: (
+            prefilled.append(list(cached)), real_start(cache, entries, cached, room))
         assert ask(first).done.wait(30)
         turn = first + runs[0].tokens + asks[0]  # the next turn of the same chat
         assert ask(turn).done.wait(30)
-        together = [ask(system + a) for a in asks[1:]]  # joining at once, the system shared
-        assert all(r.done.wait(30) for r in together)
+        # joining at once (as warm_up queues): two share the system prompt, one shares
+        # nothing; then a long one (64 − 8 columns) with a short one: padding between the
+        # short row's shared and new tokens would take the long one past the context
+        for sizes in ([(system + asks[1], 6), (system + asks[2], 6), (asks[1] + asks[2], 8)],
+                      [(system + asks[3] + [5] * 17, 8), (system + asks[0], 6)]):
+            group = [request(p, n) for p, n in sizes]
+            with engine._wake:
+                engine._waiting.extend(group)
+                engine._wake.notify()
+            assert all(r.done.wait(30) for r in runs[-len(group):])
         assert ask(first).done.wait(30)  # the same prompt again: all but its last token
     finally:
         module._start_from = real_start
         engine.stop()
-    for p, r in zip(prompts, runs, strict=True):
-        assert r.tokens == generate(model, torch.tensor([p]), 6)[0, len(p):].tolist()
-    assert prefilled[0] == len(first)  # a prompt's own tokens are kept, not its answer's
-    assert prefilled[-1] == len(first) - 1
-    assert len(system) in prefilled  # the joint join shared the system prompt
-    assert engine.prompts.reused >= len(first) + 3 * len(system) + len(first) - 1
+    for p, n, r in zip(prompts, news, runs, strict=True):
+        assert r.finish == "length"
+        assert r.tokens == generate(model, torch.tensor([p]), n)[0, len(p):].tolist(), (
+            prompts.index(p), prefilled)
+    assert prefilled[0] == [len(first)]  # a prompt's own tokens are kept, not its answer's
+    assert prefilled[-1] == [len(first) - 1]
+    # each row runs its last `width` tokens, width = the most any row must run (8 here)
+    assert prefilled[1] == [11 - 8, 15 - 8, 0]
+    assert prefilled[2] == [len(system), 0]  # 56 − 47; the short row runs whole
+    assert engine.prompts is not None and len(engine.prompts) == 0  # stop() let them go
 
 
 def test_the_prompt_cache_keeps_the_most_recent_prompts_within_its_budget():

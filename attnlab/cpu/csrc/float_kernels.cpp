@@ -186,10 +186,12 @@ void product(const float* x, const T* w, const void* bias, bool bias_is_t, Y* y,
   at::parallel_for(0, n, kGrain, [&](int64_t n0, int64_t n1) {
     if (wide) return wide_rows(x, w, bias, bias_is_t, y, m, n, k, n0, n1);
     if (m > 1) {
-      for (int64_t o = n0; o < n1; ++o) block_rows<1, 2>(x, w, bias, bias_is_t, y, m, n, k, o);
+      for (int64_t o = n0; o < n1; ++o)
+        block_rows<1, 2>(x, w, bias, bias_is_t, y, m, n, k, o);
       return;
     }
-    for (int64_t o = n0; o < n1; ++o) y[o] = Y(row_dot(w + o * k, x, k) + bias_at<T>(bias, bias_is_t, o));
+    for (int64_t o = n0; o < n1; ++o)
+      y[o] = Y(row_dot(w + o * k, x, k) + bias_at<T>(bias, bias_is_t, o));
   });
 }
 
