@@ -95,19 +95,17 @@ def hand_over_threads() -> bool:
     another thread takes over running the model (a server's engine). GNU OpenMP counts every
     pool's workers: once they outnumber the CPUs, workers stop spinning between parallel
     regions and sleep, so each of a decoding step's hundreds of small regions waits for them
-    to wake (docs/serving.md has what that cost a server). A later parallel region on this
-    thread makes a new pool. Whether it was done
-    (False where torch runs no OpenMP or the runtime lacks the call)."""
+    to wake (docs/serving.md). A later parallel region on this thread makes a new pool.
+    Whether it was done: False where torch runs no GNU OpenMP (LLVM's libomp would stop its
+    whole runtime) or the runtime lacks the call."""
     import ctypes
 
     runtime = _openmp_runtime() if torch.backends.openmp.is_available() else None
-    if runtime is None or "gomp" not in Path(runtime).name:  # LLVM's libomp: a hard pause
-        return False  # stops its whole runtime, and its workers do not sleep so soon
-    try:
-        pause = ctypes.CDLL(runtime).omp_pause_resource_all if runtime else None
-    except (OSError, AttributeError):
+    if runtime is None or "gomp" not in Path(runtime).name:
         return False
-    if pause is None:
+    try:
+        pause = ctypes.CDLL(runtime).omp_pause_resource_all
+    except (OSError, AttributeError):
         return False
     pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
     return pause(2) == 0  # omp_pause_hard: the threads go, not only their memory
