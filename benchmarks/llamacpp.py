@@ -21,7 +21,13 @@ flags).
 
     .venv/bin/python benchmarks/llamacpp.py [--types q4_1 q8_0 f16 f32] [--threads 2]
         [--engines attnlab attnlab-compiled attnlab-compiled-bf16 llamacpp]
-        [--new-tokens 256] [--prefill 512]
+        [--new-tokens 256] [--prefill 512] [--rounds 1] [--llamacpp-path DIR]
+
+``--rounds N`` runs the engines N times each, taking turns, and reports each engine's median
+and the median of the rounds' ratios: a VM's speed drifts over minutes, so engines timed one
+after the other once can land in different phases. ``--llamacpp-path`` runs another build of
+llama-cpp-python (one installed with ``pip install --target DIR``, e.g. with other ISA flags);
+the line llama.cpp prints about its build is shown.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -127,9 +134,12 @@ def llamacpp_worker(path: str, kind: str, threads: int, new: int, prefill: int) 
 
     reader = GGUFReader(path)
     weights = sum(int(t.n_bytes) for t in reader.tensors)
+    import llama_cpp
+
     return dict(prompt=list(prompt), ids=ids, prefill_tps=prefill / prefill_s,
                 decode_tps=(new - 1) / (ticks[-1] - ticks[0]), weight_bytes=weights,
-                kv_bytes=_kv_bytes_gguf(reader, 2), precision=kind)
+                kv_bytes=_kv_bytes_gguf(reader, 2), precision=kind,
+                build=llama_cpp.llama_print_system_info().decode().strip())
 
 
 def _bytes_read(model) -> int:
@@ -179,6 +189,19 @@ def _kv_bytes_gguf(reader, itemsize: int) -> int:
     return 2 * layers * kv_heads * (d // heads) * itemsize
 
 
+def _median(engine: str, rounds: list[dict]) -> dict | None:
+    """The round whose decoding speed is the median of ``engine``'s (the lower middle one of
+    an even count), or None where it never ran."""
+    runs = sorted((x[engine] for x in rounds if x.get(engine)), key=lambda r: r["decode_tps"])
+    return runs[(len(runs) - 1) // 2] if runs else None
+
+
+def _round_ratios(results: dict) -> str:
+    theirs = results.get("llamacpp")
+    return "".join(f"; {e} / llama.cpp {x['decode_tps'] / theirs['decode_tps']:.2f}x"
+                   for e, x in results.items() if x and theirs and e != "llamacpp")
+
+
 # --- the driver ------------------------------------------------------------------------------
 def bandwidth() -> float:
     """GB/s that a float32 matrix-vector product reads here (a 512 MB matrix, best of 5)."""
@@ -222,9 +245,13 @@ def run_worker(engine: str, path: Path, kind: str, args) -> dict | None:
             return None
         options["bf16"] = True
     worker = "attnlab" if engine.startswith("attnlab") else engine
+    env = dict(os.environ)
+    if worker == "llamacpp" and args.llamacpp_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.llamacpp_path,
+                                                          env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, __file__, "--worker", worker, "--json",
                            json.dumps(options)],
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800, env=env)
     if done.returncode != 0:
         print(f"  {engine} on {kind} failed (exit {done.returncode}): "
               f"{done.stderr.strip().splitlines()[-1:] or ''}", flush=True)
@@ -246,6 +273,9 @@ def main() -> None:
                    "attnlab-compiled-bf16: the same with a float file's weights in bf16")
     p.add_argument("--folder", default=str(ROOT / "runs" / "llamacpp"),
                    help="where the exported f32/f16/q8_0 files are kept")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the engines this many times, taking turns; report medians")
+    p.add_argument("--llamacpp-path", help="a folder holding another llama_cpp build")
     p.add_argument("--worker", choices=["attnlab", "llamacpp"], help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -262,9 +292,28 @@ def main() -> None:
     print(f"machine: {model} ({hardware.isa_summary(flags)}), {os.cpu_count()} CPUs, torch "
           f"{torch.__version__}, Python {platform.python_version()}; matrix-vector read "
           f"{gbs:.1f} GB/s; {args.threads} threads\n", flush=True)
-    rows = []
+    rows, built = [], set()
     for kind, path in files(args.types, Path(args.folder)).items():
-        results = {e: run_worker(e, path, kind, args) for e in args.engines}
+        rounds = []
+        for r in range(args.rounds):
+            rounds.append({e: run_worker(e, path, kind, args) for e in args.engines})
+            if args.rounds > 1:
+                print(f"{kind} round {r + 1}: " + ", ".join(
+                    f"{e} {x['decode_tps']:.1f}" for e, x in rounds[-1].items() if x)
+                    + " decode tokens/s" + _round_ratios(rounds[-1]), flush=True)
+        results = {e: _median(e, rounds) for e in args.engines}
+        for x in results.values():
+            if x and x.get("build") and x["build"] not in built:
+                built.add(x["build"])
+                print(f"llama.cpp's build: {x['build']}", flush=True)
+        if args.rounds > 1:
+            for ours in ("attnlab", "attnlab-compiled", "attnlab-compiled-bf16"):
+                ratios = sorted(x[ours]["decode_tps"] / x["llamacpp"]["decode_tps"]
+                                for x in rounds if x.get(ours) and x.get("llamacpp"))
+                if ratios:
+                    print(f"{kind}: {ours} / llama.cpp in each round: "
+                          f"{', '.join(f'{v:.2f}x' for v in ratios)}; median "
+                          f"{statistics.median(ratios):.2f}x", flush=True)
         ours = results.get("attnlab") or results.get("attnlab-compiled")
         theirs = results.get("llamacpp")
         same = None

@@ -34,7 +34,9 @@ between runs, while Dynamo traces the step again in each process (the compile ti
 reports). Each call checks Dynamo's guards, some 2,500 over the model's modules, weights and
 the cache (a noticeable share of a small model's token on a CPU): a request's first step checks them
 all, its later steps, whose model and objects the loop itself keeps, only those that tell the
-graphs apart (``CompiledStep(..., again=True)``).
+graphs apart (``CompiledStep(..., again=True)``). On a CPU each shape's graph is compiled ahead
+of its first call (``aot_compile``) and kept by the step itself: Dynamo then looks nothing up at
+all, the first step of a request checks that graph's guards and the later ones none.
 """
 
 from __future__ import annotations
@@ -96,12 +98,12 @@ def encoder_decoder_token(model: nn.Module, token: Tensor, memory: Tensor, src_m
 
 
 def _signature(model: nn.Module, args: tuple) -> tuple:
-    """What makes a new graph: the model, each tensor's shape, dtype and device, each cache's
-    capacity and storage dtype."""
+    """What makes a new graph: the model, each tensor's shape, strides, dtype and device, each
+    cache's capacity and storage dtype."""
     parts: list = [id(model)]
     for a in args:
-        if isinstance(a, Tensor):
-            parts.append((tuple(a.shape), a.dtype, a.device))
+        if isinstance(a, Tensor):  # (strides too: a graph compiled ahead is called unchecked)
+            parts.append((tuple(a.shape), a.stride(), a.dtype, a.device))
         else:  # a static cache
             first = a[0] if isinstance(a, StaticCache) else a[0].self_attn
             parts.append((a.capacity, first.k.dtype, first.k.device))
@@ -127,6 +129,9 @@ class CompiledStep:
         self.most_graphs = 64
         self._shapes: set[tuple] = set()
         self._compiled: dict[str, tuple] = {}  # device type -> (compiled function, graphs?)
+        # shape -> its graph compiled ahead (CPU inductor), called with no lookup by Dynamo;
+        # None once this torch could not (the step then runs through Dynamo's lookup)
+        self._ahead: dict[tuple, object] | None = {}
         self._marked = lambda: None  # (a weak reference to) the cache last marked static
 
     def _for(self, args: tuple) -> tuple:
@@ -137,12 +142,19 @@ class CompiledStep:
         if device not in self._compiled:
             graphs = device == "cuda" and self.backend == "inductor"
             # Inductor's wrapper checks each input's size and alignment at every call, some 900
-            # checks a token for SmolLM2: Dynamo's guards have checked them already
+            # checks a token for SmolLM2: Dynamo's guards have checked them already. On a CPU
+            # the wrapper itself is C++ (``cpp_wrapper``): the Python one calls each of a
+            # token's few hundred kernels and allocations through the interpreter, which cost
+            # a small model as much as its attention. Its first compile takes longer (the
+            # wrapper is a C++ file of its own); inductor's cache keeps it for later runs.
             options = None
             if self.backend == "inductor" and not graphs:  # (those this torch knows)
                 known = torch._inductor.config
                 options = {k: False for k in ("size_asserts", "alignment_asserts")
-                           if hasattr(known, k)} or None
+                           if hasattr(known, k)}
+                if hasattr(known, "cpp_wrapper") and device == "cpu":
+                    options["cpp_wrapper"] = True
+                options = options or None
             self._compiled[device] = (torch.compile(
                 self.function, backend=self.backend, dynamic=False, fullgraph=True,
                 mode="reduce-overhead" if graphs else None, options=options), graphs)
@@ -164,19 +176,20 @@ class CompiledStep:
     def __call__(self, model: nn.Module, *args, again: bool = False) -> Tensor:
         """The step's logits. ``again``: the caller's own loop calls with the same model and
         the same objects, of the same shapes, as its previous call, which ran every guard (a
-        request's later tokens). Dynamo then runs only the guards that tell this function's
-        graphs apart (``skip_guard_eval_unsafe``: nothing it skips can have changed), where
-        all of them are a noticeable share of a compiled small model's token on a CPU.
-        Dynamo's stance is the process's: the steps of every ``CompiledStep`` run one at a
-        time, and a stance the user set (``force_eager``, …) is kept; another compiled
-        function that a thread of the caller's own runs meanwhile would skip its guards too.
-        Where those guards match no graph (``torch._dynamo.reset()`` discarded the graphs),
-        the step runs with every guard, compiling again, instead of failing:
-        ``guard_misses`` counts such steps."""
+        request's later tokens). Such a call then checks no guard where the graph was
+        compiled ahead (a CPU), and elsewhere runs only Dynamo's guards that tell this
+        function's graphs apart (``skip_guard_eval_unsafe``: nothing it skips can have
+        changed), where all of them are a noticeable share of a compiled small model's token
+        on a CPU. Dynamo's stance is the process's: the steps of every ``CompiledStep`` run
+        one at a time, and a stance the user set (``force_eager``, …) is kept; another
+        compiled function that a thread of the caller's own runs meanwhile would skip its
+        guards too. Where those guards match no graph (``torch._dynamo.reset()`` discarded the
+        graphs), or a graph compiled ahead fails its guards (a weight's dtype changed), the
+        step compiles again instead of failing: ``guard_misses`` counts such steps."""
         shape = _signature(model, args)
         new = shape not in self._shapes
-        if new:  # a compile's time includes importing Dynamo and inductor (the first)
-            begun = time.perf_counter()
+        begun = time.perf_counter()  # a compile's time includes importing Dynamo and inductor
+        if new:
             # Each shape is a graph of its own (a server's row counts times capacity buckets):
             # more than Dynamo's default of 8 a function. Its settings are per thread, and the
             # thread that compiles (a server's engine) decides.
@@ -192,7 +205,14 @@ class CompiledStep:
             torch.compiler.cudagraph_mark_step_begin()  # each call is a new step
         with _ONE_STEP:
             logits = None
-            if again and not new and _may_skip_guards():
+            if not graphs and self.backend == "inductor" and self._ahead is not None:
+                graph, missed = self._ahead_for(function, shape, model, args, check=not again)
+                if graph is not None:
+                    if missed:  # its guards failed (a weight's dtype changed): compiled again
+                        self.guard_misses += 1
+                        new = True
+                    logits = graph(model, *args)
+            if logits is None and again and not new and _may_skip_guards():
                 try:
                     with _SKIP_GUARDS():
                         logits = function(model, *args)
@@ -216,6 +236,26 @@ class CompiledStep:
             self.compiles += 1
             self._shapes.add(shape)
         return logits
+
+    def _ahead_for(self, function, shape: tuple, model: nn.Module, args: tuple,
+                   check: bool) -> tuple:
+        """``(graph, missed)``: ``shape``'s graph compiled ahead of its call (Dynamo's
+        ``aot_compile``: Dynamo's own trace and inductor's code, called with no lookup), made
+        now if there is none; with ``check``, its guards are checked first, and ``missed``
+        says they failed and it was compiled again. ``(None, False)`` where this torch cannot
+        compile ahead (it has no ``aot_compile``, or inductor's caches are off, which it needs):
+        the step then always runs through Dynamo's lookup."""
+        graph = self._ahead.get(shape)
+        missed = graph is not None and check and not graph.guard_check(model, *args)
+        if graph is None or missed:
+            compile_ahead = getattr(function, "aot_compile", None)
+            if compile_ahead is None or torch._inductor.config.force_disable_caches:
+                self._ahead = None
+                return None, False
+            graph = compile_ahead(((model, *args), {}))
+            graph.disable_guard_check()  # checked here, at a request's first step only
+            self._ahead[shape] = graph
+        return graph, missed
 
 
 def _skip_guards():

@@ -204,9 +204,9 @@ def test_a_later_step_that_no_graph_matches_checks_every_guard_instead_of_failin
     """Under ``again`` Dynamo checks only the guards that tell graphs apart; where those match
     no graph it raises instead of compiling (``torch._dynamo.reset()`` discarded the graphs
     that the step had compiled, which a benchmark did between two models). The step then runs
-    with every guard: here a key mask of the same shape but other strides (a guard of the
-    graph, not of the step's own signature) compiles a second graph, counted as a compile,
-    and the logits are the eager step's; so does a step after a reset."""
+    with every guard, compiling again (counted as a compile), and the logits are the eager
+    step's. A key mask of the same shape but other strides is a new signature of the step's
+    own (a graph compiled ahead is called unchecked): every guard, a second graph."""
     from torch._dynamo.utils import counters
 
     from attnlab.generation import compiled as module
@@ -223,7 +223,7 @@ def test_a_later_step_that_no_graph_matches_checks_every_guard_instead_of_failin
         strided[:, :6] = True
         assert strided.stride() != static.key_mask.stride()
         logits = step(model, torch.tensor([[10]]), strided, static.cache, again=True)  # slot 5
-        assert step.guard_misses == 1 and counters["stats"]["unique_graphs"] == 2
+        assert step.guard_misses == 0 and counters["stats"]["unique_graphs"] == 2
         assert step.compiles == 2
         eager = model(torch.tensor([[8, 9, 10]]), cache=cache)[:, -1]  # the growing cache
         assert (logits - eager).abs().max() <= 1e-5
@@ -231,9 +231,45 @@ def test_a_later_step_that_no_graph_matches_checks_every_guard_instead_of_failin
         static.cache.slots += 1
         torch._dynamo.reset()  # the step's graphs are gone; its own bookkeeping is not
         logits = static(model, torch.tensor([[11]]))
-        assert step.guard_misses == 2 and step.compiles == 3
+        assert step.guard_misses == 1 and step.compiles == 3
         eager = model(torch.tensor([[11]]), cache=cache)[:, -1]
         assert (logits - eager).abs().max() <= 1e-5
+
+
+def test_on_a_cpu_a_graph_compiled_ahead_checks_its_guards_at_a_requests_first_step():
+    """Inductor on a CPU: each shape's graph is compiled ahead of its call and the step keeps
+    it (Dynamo looks nothing up). A request's first step checks that graph's guards, its later
+    steps (``again``) none; a change the guards see (a dropout module put in training mode,
+    at p = 0 so that the numbers stay the eager step's) fails them at the next request's
+    first step, which compiles again and counts a guard miss."""
+    if not cpu_kernels.available():
+        pytest.skip("attnlab's CPU kernels are not built here")
+    model = family("llama")
+    drop = next(m for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    drop.p = 0.0
+    step, checked = CompiledStep(), []
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        for request in range(3):
+            if request == 2:
+                drop.train()
+            cache = model.new_cache(capacity=16, rolling=False)
+            model(ids, cache=cache)
+            static = StaticDecoding(step, cache, None, 3, 16)
+            for t in range(4):
+                logits = static(model, torch.tensor([[8 + t]]))
+                graph = next(iter(step._ahead.values()))
+                if not hasattr(graph, "counted"):  # (each graph once: count its checks)
+                    real = graph.guard_check
+                    graph.guard_check = lambda *a, real=real: checked.append(1) or real(*a)
+                    graph.counted = True
+                eager = model(torch.tensor([[8 + t]]), cache=cache)[:, -1]
+                assert (logits - eager).abs().max() <= 1e-5, (request, t)
+            assert len(step._ahead) == 1
+            # request 0 compiled its graph; request 1's first step checked it; request 2's
+            # first step checked it, failed (training mode) and compiled a new one
+            assert (len(checked), step.compiles, step.guard_misses) == [
+                (0, 1, 0), (1, 1, 0), (2, 2, 1)][request], request
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])
