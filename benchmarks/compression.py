@@ -173,6 +173,8 @@ def clf_worker(model: str, data: str, precision: str, batch: int, hf: bool = Fal
         def run(b):
             return net(b.ids, b.token_type_ids, b.attention_mask)
     quantised = any("Int" in type(m).__name__ for m in net.modules())
+    if quantised:  # its float parts in the precision asked, as the CLI runs a quantised folder
+        net.to(hardware.DTYPES[precision])
     right = 0
     start = time.perf_counter()
     with torch.no_grad(), hardware.autocast(torch.device("cpu"),
@@ -263,12 +265,13 @@ def spam_rows(out: Path, spam_run: str, student_run: str | None, batch: int,
     if not (q / "model.safetensors").exists():
         cli("quantize", "--model", spam_run, "--bits", 8, "--activations", "dynamic", "--out", q)
     variants["int8, dynamic activations"] = (str(q), "fp32")
-    for bits in (8, 4):  # weight-only
+    for bits in (8, 4):  # weight-only, the float parts in fp32 (and in bf16)
         q = out / f"spam-int{bits}"
         if not (q / "model.safetensors").exists():
             cli("quantize", "--model", spam_run, "--bits", bits, "--group", 32, "--out", q)
-        variants[f"int{bits}" + (" (g32)" if bits == 4 else "") + ", weights only"] = (
-            str(q), "fp32")
+        for precision in ("fp32",) if bf16_skipped(with_bf16) else ("fp32", "bf16"):
+            variants[f"int{bits}" + (" (g32)" if bits == 4 else "") + ", weights only, "
+                     f"{precision} float parts"] = (str(q), precision)
     p = out / "spam-heads-0.5"
     if not (p / "model.safetensors").exists():
         cli("prune", "--model", spam_run, "--heads", 0.5, "--data", data, "--text-field",
@@ -308,7 +311,9 @@ def translate_rows(out: Path, translator: str, student: str | None,
         q = out / f"translator-int{bits}"
         if not (q / "model.safetensors").exists():
             cli("quantize", "--model", translator, "--bits", bits, "--group", 32, "--out", q)
-        variants[f"int{bits}" + ("" if bits == 8 else " (g32)")] = (str(q), "fp32")
+        for precision in ("fp32",) if bf16_skipped(with_bf16) else ("fp32", "bf16"):
+            variants[f"int{bits}" + ("" if bits == 8 else " (g32)") + f", {precision} float "
+                     "parts"] = (str(q), precision)
     if student:
         variants["sequence-distilled student (fp32)"] = (student, "fp32")
     lines = ["| Multi30k translator | size (MiB) | BLEU, test_2016_flickr | decoding |",

@@ -67,7 +67,7 @@ def main() -> None:
     if not data.exists():
         raise SystemExit(f"Multi30k not found at {data}")
     folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "runs").mkdir(parents=True, exist_ok=True)  # (tokenize writes a file in it)
     link = folder / "multi30k"
     if not link.exists():
         os.symlink(data, link)

@@ -159,12 +159,18 @@ def announce(args: argparse.Namespace, model: str | Path, device: torch.device |
 
 def load_for(args: argparse.Namespace, kind: str) -> tuple[Loaded, torch.device, str]:
     """``(loaded, device, precision)``: the ``--model`` of ``kind`` (one line naming the
-    folder otherwise), on ``--device``, and the precision to run it in."""
+    folder otherwise), on ``--device``, and the precision to run it in. A quantised folder's
+    float parts (embeddings, norms, attention, a float output layer) take that precision
+    (``auto``: bf16 where the CPU runs it natively); its integer layers keep their codes."""
+    from attnlab.hardware import DTYPES
+    from attnlab.nn.quantized import integer_parts
     from attnlab.storage import load
 
     device, precision = runtime(args)
     loaded = load(args.model, adapter=args.adapter).expect(kind, args.command)
     loaded.model.to(device)
+    if integer_parts(loaded.model) is not None:
+        loaded.model.to(DTYPES[precision])  # (floating tensors only: the codes stay integers)
     return loaded, device, precision
 
 

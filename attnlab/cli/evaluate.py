@@ -158,13 +158,11 @@ def _decoder(args: argparse.Namespace) -> tuple[Loaded, torch.device, str, str]:
     theirs, and the line says both."""
     if not integer_bits(args):
         from attnlab.generation.pipeline import integer_weights
-        from attnlab.hardware import DTYPES
         from attnlab.nn.quantized import integer_parts
 
-        loaded, device, precision = load_for(args, "decoder")
+        loaded, device, precision = load_for(args, "decoder")  # (float parts: `precision`)
         if integer_parts(loaded.model) is None:
             return loaded, device, precision, precision
-        loaded.model.to(DTYPES[precision])  # the float parts (integer layers keep their dtypes)
         return loaded, device, precision, integer_weights(*integer_parts(loaded.model))
     from attnlab.cpu import for_decoding
     from attnlab.storage import load

@@ -197,3 +197,35 @@ def test_sampling_flags_that_cannot_work_are_one_line(capsys, translation_run, t
         r = cli(capsys, "evaluate", "translate", "--model", translation_run.path, "--src",
                 tmp_path / "src.txt", "--ref", tmp_path / "src.txt", *flags)
     assert_bad_input(r, *named)
+
+
+def test_a_quantised_translators_float_parts_take_the_precision_asked(capsys, translation_run,
+                                                                       tmp_path):
+    """``translate`` and ``evaluate translate`` load a quantised folder with its float parts
+    (embeddings, norms, attention, the output layer) in the precision asked and its integer
+    layers as codes: ``--precision fp32`` runs them in float32 even where ``quantize`` stored
+    them in bf16, and translates as that model does, computed here."""
+    import argparse
+
+    from attnlab.cli.common import load_for
+    from attnlab.generation.seq2seq import translate
+    from attnlab.nn.quantized import integer_parts
+    from attnlab.storage import load
+
+    q = tmp_path / "q"
+    assert cli(capsys, "quantize", "--model", translation_run.path, "--bits", "8",
+               "--out", q).code == 0
+    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        args = argparse.Namespace(model=str(q), adapter=None, command="translate",
+                                  precision=precision, device="cpu")
+        assert integer_parts(load_for(args, "encoder-decoder")[0].model) == (8, dtype)
+    sentences = ["three hundred and twelve", "forty one"]
+    r = cli(capsys, "translate", "--model", q, "--precision", "fp32", "--device", "cpu",
+            *sentences)
+    assert r.code == 0, r.err
+    loaded = load(q)
+    loaded.model.float()
+    with torch.no_grad():
+        expected = translate(loaded.model, loaded.tokenizers["source"],
+                             loaded.tokenizers["target"], sentences)
+    assert r.out.splitlines() == expected
