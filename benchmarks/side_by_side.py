@@ -48,6 +48,9 @@ def training_arguments(doc: str, steps: int, batch: int, length: int,
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="initial weights and batches")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="after the timed run, profile this many more steps of each side: the "
+                   "matrix products' share and rate against this machine's square-GEMM peak")
     return p
 
 
@@ -150,6 +153,57 @@ def timed_steps(models: dict[str, torch.nn.Module], batches: list, loss_of: Call
         if step == 0:
             print("step 1 loss: " + ", ".join(f"{k} {v[0]:.6f}" for k, v in losses.items()))
     return seconds, losses
+
+
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def gemm_peak(bf16: bool, n: int = 2048) -> float:
+    """GFLOP/s of this machine's square GEMM (``n`` × ``n`` × ``n``, best of 5) in the step's
+    dtype and threads: the rate a training step's matrix products cannot pass."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    best = float("inf")
+    for _ in range(6):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
+
+
+def profile_steps(models: dict[str, torch.nn.Module], batches: list, loss_of: Callable,
+                  lr: float, bf16: bool) -> None:
+    """Where each side's training step goes, under ``torch.profiler`` with FLOPs counted: the
+    matrix products' (:data:`PRODUCTS`, forward and backward) share of the step and the rate
+    they run at, against :func:`gemm_peak`."""
+    peak = gemm_peak(bf16)
+    print(f"square GEMM here: {peak:.0f} GFLOP/s ({'bf16' if bf16 else 'fp32'}, "
+          f"{torch.get_num_threads()} threads)")
+    for name, model in models.items():
+        opt = optimizer(model.train(), lr)
+
+        def step(batch, model=model, opt=opt, name=name):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = loss_of(name, model, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step(batches[0])  # the optimiser's state, outside the profile
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    with_flops=True) as prof:
+            start = time.perf_counter()
+            for batch in batches:
+                step(batch)
+            total = time.perf_counter() - start
+        products = [e for e in prof.key_averages() if e.key in PRODUCTS]
+        busy = sum(e.self_cpu_time_total for e in products) / 1e6
+        flops = sum(e.flops for e in products)
+        rate = flops / max(busy, 1e-9) / 1e9
+        print(f"{name}: {1000 * total / len(batches):.1f} ms a step under the profiler; matrix "
+              f"products {100 * busy / total:.0f}% of it, {flops / len(batches) / 1e9:.1f} GFLOP a "
+              f"step at {rate:.0f} GFLOP/s ({100 * rate / peak:.0f}% of the square GEMM's)")
 
 
 def report(tokens: int, seconds: dict[str, float], losses: dict[str, list[float]]) -> None:

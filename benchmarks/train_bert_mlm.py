@@ -33,7 +33,13 @@ import transformers
 from attnlab import from_pretrained
 
 sys.path.insert(0, str(Path(__file__).parent))
-from side_by_side import describe, report, timed_steps, training_arguments  # noqa: E402
+from side_by_side import (  # noqa: E402
+    describe,
+    profile_steps,
+    report,
+    timed_steps,
+    training_arguments,
+)
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4  # ids 0-4 are special; random tokens are drawn from 5 up
 
@@ -102,6 +108,8 @@ def main() -> None:
 
     seconds, losses = timed_steps(models, batches, loss_of, args.lr, args.warmup_steps, bf16)
     report(args.steps * args.batch * args.len, seconds, losses)
+    if args.profile:
+        profile_steps(models, batches[:args.profile], loss_of, args.lr, bf16)
 
 if __name__ == "__main__":
     main()

@@ -32,7 +32,13 @@ import transformers
 from attnlab import from_pretrained
 
 sys.path.insert(0, str(Path(__file__).parent))
-from side_by_side import describe, report, timed_steps, training_arguments  # noqa: E402
+from side_by_side import (  # noqa: E402
+    describe,
+    profile_steps,
+    report,
+    timed_steps,
+    training_arguments,
+)
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -107,6 +113,8 @@ def main() -> None:
     tokens = sum(int((src != pad).sum()) + int((labels != -100).sum())
                  for src, _, labels in batches[args.warmup_steps:])
     report(tokens, seconds, losses)
+    if args.profile:
+        profile_steps(models, batches[:args.profile], loss_of, args.lr, bf16)
 
 if __name__ == "__main__":
     main()
