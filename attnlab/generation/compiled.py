@@ -44,6 +44,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+import warnings
 import weakref
 
 import torch
@@ -123,15 +124,19 @@ class CompiledStep:
         self.backend, self.function = backend, function
         self.compile_seconds = 0.0
         self.compiles = 0
-        self.guard_misses = 0  # ``again`` steps that found no graph and checked every guard
-        # the graphs Dynamo may keep for this step before it refuses to compile another (a
-        # server raises it: a graph for each row bucket and capacity)
+        # steps whose graphs' guards all failed (an ``again`` step through Dynamo's lookup, a
+        # request's first step on a graph compiled ahead), compiling again
+        self.guard_misses = 0
+        # the graphs Dynamo (or the step, for graphs compiled ahead) may keep before it refuses
+        # to compile another, or drops the oldest (a server raises it: a graph for each row
+        # bucket and capacity)
         self.most_graphs = 64
         self._shapes: set[tuple] = set()
         self._compiled: dict[str, tuple] = {}  # device type -> (compiled function, graphs?)
-        # shape -> its graph compiled ahead (CPU inductor), called with no lookup by Dynamo;
-        # None once this torch could not (the step then runs through Dynamo's lookup)
-        self._ahead: dict[tuple, object] | None = {}
+        # shape -> its graphs compiled ahead (CPU inductor), the last one a check chose first;
+        # called with no lookup by Dynamo. None once compiling ahead failed here (the step
+        # then runs through Dynamo's lookup)
+        self._ahead: dict[tuple, list] | None = {}
         self._marked = lambda: None  # (a weak reference to) the cache last marked static
 
     def _for(self, args: tuple) -> tuple:
@@ -198,19 +203,22 @@ class CompiledStep:
             config.accumulated_recompile_limit = max(config.accumulated_recompile_limit,
                                                      2 * self.most_graphs)
         function, graphs = self._for(args)
-        if not graphs and any(isinstance(a, Tensor) and a.device.type == "cpu" for a in args):
+        on_cpu = not graphs and any(isinstance(a, Tensor) and a.device.type == "cpu"
+                                    for a in args)
+        if on_cpu:
             cpu_kernels.available()  # built or loaded now: the trace only reads the answer
         if graphs:
             self._mark_static(args)
             torch.compiler.cudagraph_mark_step_begin()  # each call is a new step
         with _ONE_STEP:
             logits = None
-            if not graphs and self.backend == "inductor" and self._ahead is not None:
+            if (on_cpu and self.backend == "inductor" and self._ahead is not None
+                    and _may_skip_guards() and not torch._dynamo.config.disable):
                 graph, missed = self._ahead_for(function, shape, model, args, check=not again)
+                if missed:  # every graph's guards failed (a weight's dtype changed)
+                    self.guard_misses += 1
+                new = new or missed or graph is None  # (None: Dynamo compiles it now)
                 if graph is not None:
-                    if missed:  # its guards failed (a weight's dtype changed): compiled again
-                        self.guard_misses += 1
-                        new = True
                     logits = graph(model, *args)
             if logits is None and again and not new and _may_skip_guards():
                 try:
@@ -239,23 +247,37 @@ class CompiledStep:
 
     def _ahead_for(self, function, shape: tuple, model: nn.Module, args: tuple,
                    check: bool) -> tuple:
-        """``(graph, missed)``: ``shape``'s graph compiled ahead of its call (Dynamo's
-        ``aot_compile``: Dynamo's own trace and inductor's code, called with no lookup), made
-        now if there is none; with ``check``, its guards are checked first, and ``missed``
-        says they failed and it was compiled again. ``(None, False)`` where this torch cannot
-        compile ahead (it has no ``aot_compile``, or inductor's caches are off, which it needs):
-        the step then always runs through Dynamo's lookup."""
-        graph = self._ahead.get(shape)
-        missed = graph is not None and check and not graph.guard_check(model, *args)
-        if graph is None or missed:
-            compile_ahead = getattr(function, "aot_compile", None)
-            if compile_ahead is None or torch._inductor.config.force_disable_caches:
-                self._ahead = None
-                return None, False
-            graph = compile_ahead(((model, *args), {}))
+        """``(graph, missed)``: a graph of ``shape`` compiled ahead of its call (Dynamo's
+        ``aot_compile``: Dynamo's own trace and inductor's code, called with no lookup).
+        Without ``check``, the one the last check chose (or a new one); with it, the first
+        whose guards pass, else a new one, and ``missed`` says that the shape had graphs and
+        none passed (the training mode or grad mode changed: both graphs are kept). ``(None,
+        False)`` where compiling ahead failed (a torch without it, inductor's caches off,
+        which it needs): said once, and this step runs through Dynamo's lookup from then on,
+        its shapes compiled again there."""
+        kept = self._ahead.setdefault(shape, [])
+        if kept and not check:
+            return kept[0], False
+        for i, graph in enumerate(kept):
+            if graph.guard_check(model, *args):
+                kept.insert(0, kept.pop(i))  # the request's later (unchecked) steps run it
+                return graph, False
+        try:
+            graph = function.aot_compile(((model, *args), {}))
             graph.disable_guard_check()  # checked here, at a request's first step only
-            self._ahead[shape] = graph
-        return graph, missed
+        except Exception as error:  # noqa: BLE001 (Dynamo's own path raises what is real)
+            warnings.warn(f"the compiled step could not be compiled ahead ({type(error).__name__}"
+                          f": {str(error)[:200]}); it runs through Dynamo's lookup instead",
+                          RuntimeWarning, stacklevel=3)
+            self._ahead = None
+            self._shapes.clear()  # each shape compiles again there, and is counted
+            return None, False
+        kept.insert(0, graph)
+        while len(self._ahead) > 1 and sum(map(len, self._ahead.values())) > self.most_graphs:
+            oldest = next(s for s in self._ahead if s != shape)  # the oldest shape goes
+            del self._ahead[oldest]
+            self._shapes.discard(oldest)
+        return graph, len(kept) > 1
 
 
 def _skip_guards():

@@ -238,10 +238,11 @@ def test_a_later_step_that_no_graph_matches_checks_every_guard_instead_of_failin
 
 def test_on_a_cpu_a_graph_compiled_ahead_checks_its_guards_at_a_requests_first_step():
     """Inductor on a CPU: each shape's graph is compiled ahead of its call and the step keeps
-    it (Dynamo looks nothing up). A request's first step checks that graph's guards, its later
-    steps (``again``) none; a change the guards see (a dropout module put in training mode,
-    at p = 0 so that the numbers stay the eager step's) fails them at the next request's
-    first step, which compiles again and counts a guard miss."""
+    it (Dynamo looks nothing up). A request's first step checks the kept graphs' guards, its
+    later steps (``again``) none; a change the guards see (a dropout module put in training
+    mode, at p = 0 so that the numbers stay the eager step's) fails them at the next request's
+    first step, which compiles a second graph and counts a guard miss; back in eval mode, the
+    first graph passes its check again and nothing compiles."""
     if not cpu_kernels.available():
         pytest.skip("attnlab's CPU kernels are not built here")
     model = family("llama")
@@ -250,26 +251,46 @@ def test_on_a_cpu_a_graph_compiled_ahead_checks_its_guards_at_a_requests_first_s
     step, checked = CompiledStep(), []
     ids = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
-        for request in range(3):
-            if request == 2:
-                drop.train()
+        for request in range(4):
+            drop.train(request == 2)
             cache = model.new_cache(capacity=16, rolling=False)
             model(ids, cache=cache)
             static = StaticDecoding(step, cache, None, 3, 16)
             for t in range(4):
                 logits = static(model, torch.tensor([[8 + t]]))
-                graph = next(iter(step._ahead.values()))
-                if not hasattr(graph, "counted"):  # (each graph once: count its checks)
-                    real = graph.guard_check
-                    graph.guard_check = lambda *a, real=real: checked.append(1) or real(*a)
-                    graph.counted = True
+                for graph in next(iter(step._ahead.values())):  # count each graph's checks
+                    if not hasattr(graph, "counted"):
+                        real = graph.guard_check
+                        graph.guard_check = lambda *a, real=real: checked.append(1) or real(*a)
+                        graph.counted = True
                 eager = model(torch.tensor([[8 + t]]), cache=cache)[:, -1]
                 assert (logits - eager).abs().max() <= 1e-5, (request, t)
             assert len(step._ahead) == 1
-            # request 0 compiled its graph; request 1's first step checked it; request 2's
-            # first step checked it, failed (training mode) and compiled a new one
+            # 0 compiles the graph; 1's first step checks it; 2's checks it, fails (training
+            # mode) and compiles another; 3's checks that one (fails), then the first (passes)
             assert (len(checked), step.compiles, step.guard_misses) == [
-                (0, 1, 0), (1, 1, 0), (2, 2, 1)][request], request
+                (0, 1, 0), (1, 1, 0), (2, 2, 1), (4, 2, 1)][request], request
+    assert len(next(iter(step._ahead.values()))) == 2
+
+
+def test_where_compiling_ahead_fails_the_step_runs_through_dynamo_and_says_so():
+    """Compiling ahead needs inductor's caches: with them off it fails, the step says so once
+    and compiles through Dynamo's lookup instead, with the eager step's logits."""
+    if not cpu_kernels.available():
+        pytest.skip("attnlab's CPU kernels are not built here")
+    model = family("llama")
+    step = CompiledStep()
+    ids = torch.tensor([[5, 6, 7]])
+    with (torch._inductor.config.patch(force_disable_caches=True), torch.no_grad(),
+          pytest.warns(RuntimeWarning, match="could not be compiled ahead")):
+        cache = model.new_cache(capacity=16, rolling=False)
+        model(ids, cache=cache)
+        static = StaticDecoding(step, cache, None, 3, 16)
+        for t in range(3):
+            logits = static(model, torch.tensor([[8 + t]]))
+            eager = model(torch.tensor([[8 + t]]), cache=cache)[:, -1]
+            assert (logits - eager).abs().max() <= 1e-5, t
+    assert step._ahead is None and step.compiles == 1
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])
