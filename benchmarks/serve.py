@@ -10,7 +10,9 @@ of every client together (the ``usage`` each stream ends with) over the wall tim
 to one client's, the time to the first token (median and 90th percentile over the requests),
 and, for ``--check`` requests of each client count sent again alone afterwards, the share
 whose text is unchanged (greedy: a batch must not change it; in bf16 with AVX512-BF16 a
-batch's products round differently, so it may).
+batch's products round differently, so it may). With ``--rounds N`` the counts take turns N
+times against the one server, and each figure is the median of its rounds: the ratio to one
+client is taken within each round, so a slow minute of the machine slows both sides of it.
 Decoding reads every weight once per step whatever the batch, so batching concurrent requests
 should multiply the rate.
 
@@ -21,6 +23,7 @@ so that the server's own loss (prefill between steps, rows that end early, HTTP,
 is the difference.
 
     .venv/bin/python benchmarks/serve.py --model smollm2 --clients 1 4 8 16 --max-tokens 64
+        [--rounds 3] [--seconds 20] [--precision fp32] [--no-batch]
 """
 
 from __future__ import annotations
@@ -198,6 +201,11 @@ def main() -> None:
                    help="serve's --prompt-cache (default: serve's own)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="serve's compiled step (its default; the compile falls in the warm-up)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the client counts in turn this many times against one server: "
+                        "tokens/s is each count's median, its ratio the median of each round's "
+                        "ratio to the first count's rate in that round (this VM's speed moves "
+                        "from minute to minute)")
     p.add_argument("--batch-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-batch", action="store_true",
                    help="skip plain batched decoding after the server")
@@ -214,16 +222,29 @@ def main() -> None:
     proc, url = start_server(args)
     try:
         run_clients(url, 1, 0.1, 8, 10**7)  # warm up: the first forward allocates
-        rows, serial = [], 0
+        # each count's rounds: (tokens/s, first-token times, texts)
+        runs: dict[int, list] = {n: [] for n in args.clients}
+        serial = 0
+        for r in range(args.rounds):
+            for n in args.clients:
+                tokens, wall, firsts, texts, serial = run_clients(url, n, args.seconds,
+                                                                  args.max_tokens, serial)
+                runs[n].append((tokens / wall, firsts, texts))
+                print(f"{'' if args.rounds == 1 else f'round {r + 1}: '}{n} clients: "
+                      f"{tokens} tokens in {wall:.1f} s", flush=True)
+        rows = []
         for n in args.clients:
-            tokens, wall, firsts, texts, serial = run_clients(url, n, args.seconds,
-                                                              args.max_tokens, serial)
-            rows.append([n, tokens, wall, tokens / wall, statistics.median(firsts),
+            rates = [rate for rate, _, _ in runs[n]]
+            # against one client's rate in the same round, then the median over the rounds
+            ratio = statistics.median(rate / one for rate, (one, _, _)
+                                      in zip(rates, runs[args.clients[0]], strict=True))
+            firsts = [t for _, times, _ in runs[n] for t in times]
+            texts = {k: v for _, _, run in runs[n] for k, v in run.items()}
+            # the checks come after every count: they do not share its time
+            rows.append([n, statistics.median(rates), ratio, statistics.median(firsts),
                          statistics.quantiles(firsts, n=10)[-1] if len(firsts) > 1
-                         else firsts[0], texts])
-            print(f"{n} clients: {tokens} tokens in {wall:.1f} s", flush=True)
-        for row in rows:  # after every count: the checks do not share its time
-            row[-1] = as_alone(url, row[-1], args.max_tokens, args.check)
+                         else firsts[0], as_alone(url, texts, args.max_tokens, args.check),
+                         rates])
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -234,7 +255,6 @@ def main() -> None:
         if worker.returncode:
             sys.exit(f"the batch worker failed:\n{worker.stderr}")
         batched = {int(k): v for k, v in json.loads(worker.stdout.splitlines()[-1]).items()}
-    base = rows[0][3]
     cache = "" if args.prompt_cache is None else f" --prompt-cache {args.prompt_cache:g}"
     print(f"\nattnlab serve --model {args.model} --precision {args.precision}"
           f"{' --int4' if args.int4 else ''}{'' if args.compile else ' --no-compile'}{cache}, "
@@ -244,12 +264,21 @@ def main() -> None:
     print("| clients | tokens/s | vs 1 client | first token, median / p90 (s) | texts as alone "
           "| batched N tokens/s | vs batched 1 | serve / batched |")
     print("|---|---|---|---|---|---|---|---|")
-    for n, _, _, rate, median, p90, same in rows:
+    for n, rate, ratio, median, p90, same, _ in rows:
         b = batched.get(n)
         extra = (f"{b:.1f} | {b / batched[args.clients[0]]:.2f}x | {rate / b:.2f}"
                  if b else "– | – | –")
-        print(f"| {n} | {rate:.1f} | {rate / base:.2f}x | {median:.2f} / {p90:.2f} | "
+        print(f"| {n} | {rate:.1f} | {ratio:.2f}x | {median:.2f} / {p90:.2f} | "
               f"{same:.0%} | {extra} |")
+    if args.rounds > 1:
+        print(f"\nEach round's tokens/s (its ratio to the same round's {args.clients[0]} "
+              "client(s)):\n")
+        print("| clients | " + " | ".join(f"round {r + 1}" for r in range(args.rounds)) + " |")
+        print("|---|" + "---|" * args.rounds)
+        for n, *_, rates in rows:
+            print(f"| {n} | " + " | ".join(
+                f"{rate:.1f} ({rate / one:.2f}x)" for rate, one in zip(rates, rows[0][-1],
+                                                                       strict=True)) + " |")
 
 if __name__ == "__main__":
     main()

@@ -73,7 +73,7 @@ _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = [_CSRC / n for n in ("int_kernels.cpp", "float_kernels.cpp", "decode_attention.cpp")]
 _HEADERS = [_CSRC / "vectors.h"]  # (part of the cache key)
 _DPBF16 = "-DATTNLAB_DPBF16"  # bf16_batch_matmul's vdpbf16ps (float_kernels.cpp)
-_WIDE = "-DATTNLAB_WIDE"  # the batched float product's AVX-512VL blocks (float_kernels.cpp)
+_WIDE = "-DATTNLAB_WIDE"  # the batched float product's AVX-512 blocks (float_kernels.cpp)
 
 
 def _openmp_runtime() -> str | None:

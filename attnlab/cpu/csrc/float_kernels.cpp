@@ -38,6 +38,9 @@
 #endif
 
 #include "vectors.h"
+#if defined(ATTNLAB_WIDE) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -49,10 +52,12 @@ using attnlab::widen;
 constexpr int64_t kGrain = 16;  // output channels a thread takes at least
 
 // ATTNLAB_WIDE (cpu/kernels.py sets it where ATen runs AVX-512): the batched product's blocks
-// are also compiled for AVX-512VL, whose 32 vector registers hold a wider block; it runs where
-// the CPU says it has AVX-512F and VL. The arithmetic is the same 8-lane code either way.
+// are also compiled for AVX-512, whose 32 registers of 16 lanes hold a wider block
+// (block_dot16); it runs where the CPU says it has AVX-512F and VL. Each lane's arithmetic is
+// the 8-lane code's either way, so the sums are the same bits.
 #if defined(ATTNLAB_WIDE) && defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
 #define ATTNLAB_WIDE_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+#define ATTNLAB_HAS_WIDE 1
 bool wide_here() {
   static const bool here =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
@@ -88,8 +93,8 @@ inline float bias_at(const void* bias, bool bias_is_t, int64_t o) {
 // sums in row_dot's order exactly (4 chains of 8 lanes, the same tails, the same lane sum), so
 // a row gets the same bits in a batch as alone. What blocking buys is loads: row_dot reads a
 // weight vector and an x vector for each multiply-add (load-bound), a block reads O + R vectors
-// for O·R of them. Each pair keeps 4 chains, so a block holds 4·O·R sums in registers: the 32
-// vector registers of AVX-512VL take 2 × 3 (ATTNLAB_WIDE, below), AVX2's 16 take 1 × 2.
+// for O·R of them. Each pair keeps 4 chains, so a block holds 4·O·R sums in registers: AVX2's
+// 16 vector registers take 1 × 2 (AVX-512's 32 take 4 × 2 in block_dot16's 16-lane form).
 //
 // ``ahead``: the next block's weight rows (or nullptr), fetched into the cache while this block
 // computes: a batch's block spends long enough on its rows that the hardware's own prefetching
@@ -129,8 +134,84 @@ __attribute__((always_inline)) inline void block_dot(const T* w, const float* x,
     }
 }
 
+#if defined(ATTNLAB_HAS_WIDE)
+#define ATTNLAB_WIDE_INLINE ATTNLAB_WIDE_TARGET __attribute__((always_inline)) inline
+
+// Sixteen float lanes: one AVX-512 register
+typedef float f16x __attribute__((vector_size(64)));
+
+ATTNLAB_WIDE_INLINE f16x widen16(const float* p) {
+  f16x v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+ATTNLAB_WIDE_INLINE f16x widen16(const c10::Half* p) {
+  return (f16x)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+
+ATTNLAB_WIDE_INLINE f16x widen16(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+  return (f16x)_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// block_dot's sums in 16-lane registers: a pair's chains 0 and 1 share one register (lanes 0-7
+// and 8-15), chains 2 and 3 another, since chain u holds inputs i + 8u .. i + 8u + 7 of each
+// 32-wide step. Every lane takes the same multiply-adds in the same order as in block_dot,
+// so the sums are its bits. A pair needs 2 registers instead of 4, so a block holds more
+// weight rows (4 weight rows x 2 rows of x: 16 sums, 4 weight and 1 x vectors), and an
+// instruction does twice the work where the CPU runs 512-bit multiply-adds at full width.
+template <int O, int R, typename T>
+ATTNLAB_WIDE_TARGET void block_dot16(const T* w, const float* x, int64_t k, float* out,
+                                     const T* ahead, int pass, int passes) {
+  f16x a[O][R][2] = {};
+  int64_t i = 0;
+  for (int turn = 0; i + 32 <= k; i += 32, turn = turn + 1 == passes ? 0 : turn + 1) {
+    if (ahead && turn == pass)
+      for (int o = 0; o < O; ++o)
+        for (size_t b = 0; b < 32 * sizeof(T); b += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(ahead + o * k + i) + b, 0, 1);
+    for (int h = 0; h < 2; ++h) {
+      f16x wv[O];
+      for (int o = 0; o < O; ++o) wv[o] = widen16(w + o * k + i + 16 * h);
+      for (int r = 0; r < R; ++r) {
+        f16x xv = widen16(x + r * k + i + 16 * h);
+        asm("" : "+v"(xv));  // one load for the O products
+        for (int o = 0; o < O; ++o) a[o][r][h] += wv[o] * xv;
+      }
+    }
+  }
+  // the 4 chains of 8 lanes as block_dot holds them, then its tails and lane sum
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) {
+      f8 s[4];
+      std::memcpy(&s[0], &a[o][r][0], 2 * sizeof(f8));
+      std::memcpy(&s[2], &a[o][r][1], 2 * sizeof(f8));
+      int64_t j = i;
+      for (; j + 8 <= k; j += 8) s[0] += widen(w + o * k + j) * load(x + r * k + j);
+      float tail = 0;
+      for (; j < k; ++j) tail += static_cast<float>(w[o * k + j]) * x[r * k + j];
+      out[o * R + r] = lane_sum((s[0] + s[1]) + (s[2] + s[3])) + tail;
+    }
+}
+#endif
+
+// block_dot, or block_dot16 where ``Wide`` (the caller runs AVX-512; block_dot16 is compiled
+// for it, so it is called, not inlined here)
+template <int O, int R, bool Wide, typename T>
+__attribute__((always_inline)) inline void dot(const T* w, const float* x, int64_t k,
+                                               float* out, const T* ahead, int pass,
+                                               int passes) {
+#if defined(ATTNLAB_HAS_WIDE)
+  if constexpr (Wide)
+    block_dot16<O, R>(w, x, k, out, ahead, pass, passes);
+  else
+#endif
+    block_dot<O, R>(w, x, k, out, ahead, pass, passes);
+}
+
 // y[r, o0 .. o0+O) for every row r, R rows of x a block (then fewer: the same sums)
-template <int O, int R, typename T, typename Y>
+template <int O, int R, bool Wide, typename T, typename Y>
 __attribute__((always_inline)) inline void block_rows(const float* x, const T* w,
                                                       const void* bias, bool bias_is_t, Y* y,
                                                       int64_t m, int64_t n, int64_t k,
@@ -145,34 +226,36 @@ __attribute__((always_inline)) inline void block_rows(const float* x, const T* w
       for (int r = 0; r < rows; ++r) y[(r0 + r) * n + o0 + o] = Y(sums[o * rows + r] + b[o]);
     r0 += rows;
   };
-  // every pass over the block's weight rows fetches a share of the next block's (within n)
-  const T* next = o0 + 2 * O <= n ? w + (o0 + O) * k : nullptr;
+  // every pass over the block's weight rows fetches a share of a later block's (within n):
+  // the next one, or with AVX-512 the one after it (its blocks take less time each)
+  constexpr int64_t kAhead = Wide ? 2 : 1;
+  const T* next = o0 + (kAhead + 1) * O <= n ? w + (o0 + kAhead * O) * k : nullptr;
   const int passes = static_cast<int>(m / R + (R > 2 && m % R >= 2) + (m % R % 2 == 1));
   int pass = 0;
   for (; r0 + R <= m; ++pass) {
-    block_dot<O, R>(w + o0 * k, x + r0 * k, k, sums, next, pass, passes);
+    dot<O, R, Wide>(w + o0 * k, x + r0 * k, k, sums, next, pass, passes);
     put(R);
   }
   if constexpr (R > 2) {
     if (m - r0 >= 2) {
-      block_dot<O, 2>(w + o0 * k, x + r0 * k, k, sums, next, pass++, passes);
+      dot<O, 2, Wide>(w + o0 * k, x + r0 * k, k, sums, next, pass++, passes);
       put(2);
     }
   }
   if (m - r0 == 1) {
-    block_dot<O, 1>(w + o0 * k, x + r0 * k, k, sums, next, pass, passes);
+    dot<O, 1, Wide>(w + o0 * k, x + r0 * k, k, sums, next, pass, passes);
     put(1);
   }
 }
 
-// The output channels [o, n1) for several rows of x: 2 × 3 blocks, compiled for AVX-512VL
-// (the blocks are inlined here, so they get its registers)
+// The output channels [o, n1) for several rows of x: 4 × 2 blocks of 16-lane sums, compiled
+// for AVX-512 (docs/benchmarks.md, "Batched decoding", has the shapes tried)
 template <typename T, typename Y>
 ATTNLAB_WIDE_TARGET void wide_rows(const float* x, const T* w, const void* bias, bool bias_is_t,
                                    Y* y, int64_t m, int64_t n, int64_t k, int64_t o,
                                    int64_t n1) {
-  for (; o + 2 <= n1; o += 2) block_rows<2, 3>(x, w, bias, bias_is_t, y, m, n, k, o);
-  for (; o < n1; ++o) block_rows<1, 2>(x, w, bias, bias_is_t, y, m, n, k, o);
+  for (; o + 4 <= n1; o += 4) block_rows<4, 2, true>(x, w, bias, bias_is_t, y, m, n, k, o);
+  for (; o < n1; ++o) block_rows<1, 2, true>(x, w, bias, bias_is_t, y, m, n, k, o);
 }
 
 // y = x · Wᵀ + b, x float32, y float32 or T (each sum rounded once), the bias float32 or T.
@@ -187,7 +270,7 @@ void product(const float* x, const T* w, const void* bias, bool bias_is_t, Y* y,
     if (wide) return wide_rows(x, w, bias, bias_is_t, y, m, n, k, n0, n1);
     if (m > 1) {
       for (int64_t o = n0; o < n1; ++o)
-        block_rows<1, 2>(x, w, bias, bias_is_t, y, m, n, k, o);
+        block_rows<1, 2, false>(x, w, bias, bias_is_t, y, m, n, k, o);
       return;
     }
     for (int64_t o = n0; o < n1; ++o)
