@@ -99,6 +99,14 @@ inline float bias_at(const void* bias, bool bias_is_t, int64_t o) {
 // ``ahead``: the next block's weight rows (or nullptr), fetched into the cache while this block
 // computes: a batch's block spends long enough on its rows that the hardware's own prefetching
 // falls behind, and the product then waits on memory and arithmetic in turn.
+// Into the cache: inputs i .. i + 31 of the O weight rows at ``ahead`` (rows of k)
+template <int O, typename T>
+__attribute__((always_inline)) inline void fetch(const T* ahead, int64_t k, int64_t i) {
+  for (int o = 0; o < O; ++o)
+    for (size_t b = 0; b < 32 * sizeof(T); b += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(ahead + o * k + i) + b, 0, 1);
+}
+
 template <int O, int R, typename T>
 __attribute__((always_inline)) inline void block_dot(const T* w, const float* x, int64_t k,
                                                      float* out, const T* ahead, int pass,
@@ -106,10 +114,7 @@ __attribute__((always_inline)) inline void block_dot(const T* w, const float* x,
   f8 a[O][R][4] = {};
   int64_t i = 0;
   for (int turn = 0; i + 32 <= k; i += 32, turn = turn + 1 == passes ? 0 : turn + 1) {
-    if (ahead && turn == pass)  // each pass over the block fetches its share
-      for (int o = 0; o < O; ++o)
-        for (size_t b = 0; b < 32 * sizeof(T); b += 64)
-          __builtin_prefetch(reinterpret_cast<const char*>(ahead + o * k + i) + b, 0, 1);
+    if (ahead && turn == pass) fetch<O>(ahead, k, i);  // each pass fetches its share
     for (int u = 0; u < 4; ++u) {
       f8 wv[O];
       for (int o = 0; o < O; ++o) wv[o] = widen(w + o * k + i + 8 * u);
@@ -167,10 +172,7 @@ ATTNLAB_WIDE_TARGET void block_dot16(const T* w, const float* x, int64_t k, floa
   f16x a[O][R][2] = {};
   int64_t i = 0;
   for (int turn = 0; i + 32 <= k; i += 32, turn = turn + 1 == passes ? 0 : turn + 1) {
-    if (ahead && turn == pass)
-      for (int o = 0; o < O; ++o)
-        for (size_t b = 0; b < 32 * sizeof(T); b += 64)
-          __builtin_prefetch(reinterpret_cast<const char*>(ahead + o * k + i) + b, 0, 1);
+    if (ahead && turn == pass) fetch<O>(ahead, k, i);
     for (int h = 0; h < 2; ++h) {
       f16x wv[O];
       for (int o = 0; o < O; ++o) wv[o] = widen16(w + o * k + i + 16 * h);
