@@ -57,6 +57,9 @@ class StaticBatch:
         self.rows = 0
         self.token: Tensor | None = None  # (max_batch, 1), the step's own input buffer
         self.repacks = 0  # how often the storage was remade (tests, logs)
+        # the row bucket of the last step, None after a change to the rows or the storage: the
+        # next step then checks its graph's guards, and the steps after it do not
+        self._stepped: int | None = None
         self.buckets = row_buckets(max_batch)
         # a graph for each row bucket and each capacity (multiples of BUCKET up to the context)
         capacities = -(-self.context // BUCKET) if self.context else 64
@@ -90,6 +93,7 @@ class StaticBatch:
             mask[:, span - kept : span] = self.key_mask[:, self.slot - kept : self.slot]
         self.cache, self.key_mask, self.slot = StaticCache.of(layers, span), mask, span
         self._views: dict[int, StaticCache] = {}
+        self._stepped = None
 
     def add(self, cache: SelfAttentionCache, mask: Tensor) -> None:
         """Append the rows of a prefilled ``cache`` (``mask (n, p)``: their real tokens,
@@ -112,6 +116,7 @@ class StaticBatch:
         self.key_mask[rows] = False
         self.key_mask[rows, end - p : end] = mask
         self.rows += n
+        self._stepped = None
         if self.token is None:
             self.token = torch.zeros(self.max_batch, 1, dtype=torch.long, device=mask.device)
 
@@ -123,6 +128,7 @@ class StaticBatch:
             layer.v[:n] = layer.v.index_select(0, index)
         self.key_mask[:n] = self.key_mask.index_select(0, index)
         self.rows = n
+        self._stepped = None
 
     def _view(self, rows: int) -> StaticCache:
         """The first ``rows`` rows of the storage as a cache of their own (views: what the step
@@ -147,8 +153,11 @@ class StaticBatch:
         rows = next(n for n in self.buckets if n >= self.rows)
         self.token[: self.rows, 0] = last
         self.key_mask[:, self.slot] = True  # spare rows too: none is fully masked
+        # the same rows and storage as the last step, which checked its guards: no check now
+        # (what they test, the model, dtypes and strides, has not changed since)
         logits = self.step(self.model, self.token[:rows], self.key_mask[:rows],
-                           self._view(rows))
+                           self._view(rows), again=self._stepped == rows)
+        self._stepped = rows
         self.cache.slots += 1  # in place: the compiled graph reads the same tensor
         self.slot += 1
         return logits[: self.rows]

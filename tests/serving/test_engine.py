@@ -121,21 +121,25 @@ def test_a_full_static_batch_cuts_its_padding_and_decodes_on():
 
 
 class Spy(CompiledStep):
-    """The eager-backend step, noting how many rows each call ran."""
+    """The eager-backend step, noting how many rows each call ran and whether it was told it
+    repeats its last call (``again``: no guard to check)."""
 
     def __init__(self):
         super().__init__(backend="eager")
         self.rows: list[int] = []
+        self.again: list[bool] = []
 
-    def __call__(self, model, token, *args, **kwargs):
+    def __call__(self, model, token, *args, again=False):
         self.rows.append(token.shape[0])
-        return super().__call__(model, token, *args, **kwargs)
+        self.again.append(again)
+        return super().__call__(model, token, *args, again=again)
 
 
 def test_the_step_runs_the_fewest_bucket_rows_that_hold_the_requests():
     """Buckets are the powers of two below ``max_batch``, then ``max_batch``; warming up
     compiles one graph each; three requests in flight run four rows, not eight, and still get
-    the tokens of decoding alone."""
+    the tokens of decoding alone. The first step after they join checks its graph's guards,
+    the later ones repeat it (``again``)."""
     assert row_buckets(1) == [1]
     assert row_buckets(6) == [1, 2, 4, 6]
     assert row_buckets(8) == [1, 2, 4, 8]
@@ -148,6 +152,7 @@ def test_the_step_runs_the_fewest_bucket_rows_that_hold_the_requests():
         engine.warm_up()
         assert step.compiles == 4 and sorted(set(step.rows)) == [1, 2, 4, 8]
         step.rows.clear()
+        step.again.clear()
         prompts = [[7, 9, 11], [8, 12], [30, 4, 5, 6]]
         runs = [Collect() for _ in prompts]
         with engine._wake:  # all three join the same step
@@ -159,6 +164,7 @@ def test_the_step_runs_the_fewest_bucket_rows_that_hold_the_requests():
     finally:
         engine.stop()
     assert set(step.rows) == {4} and step.compiles == 4  # no new graph
+    assert step.again == [False] + [True] * 4  # 6 tokens: the join's, then 5 steps
     for p, r in zip(prompts, runs, strict=True):
         assert r.tokens == generate(model, torch.tensor([p]), 6)[0, len(p):].tolist()
 
