@@ -57,6 +57,37 @@ class Service:
     timing: Callable[..., str] | None = None  # (load_s, compile_s, prompt, begun, ticks) -> line
     created: int = field(default_factory=lambda: int(time.time()))
     _encode_lock: threading.Lock = field(default_factory=threading.Lock)
+    _mailbox: _Mailbox | None = None  # the engine's events for the running event loop
+
+    def mailbox(self, loop: asyncio.AbstractEventLoop) -> _Mailbox:
+        if self._mailbox is None or self._mailbox.loop is not loop:
+            self._mailbox = _Mailbox(loop)
+        return self._mailbox
+
+
+class _Mailbox:
+    """The engine's events on their way to the event loop: the engine's thread posts each
+    row's new tokens, and one wake-up of the loop delivers everything posted since the last
+    (a wake-up writes to the loop's pipe, a system call on the engine's thread: one for every
+    row of every step was a share of the step)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, Any]] = []
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:
+        with self._lock:
+            self._items.append((queue, item))
+            if len(self._items) > 1:
+                return  # the first one's wake-up, not yet delivered, takes this one too
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for queue, item in items:
+            queue.put_nowait(item)
 
 
 class _ApiKey:
@@ -210,7 +241,7 @@ async def _complete(request: Request, service: Service, prompts: list[list[int]]
     if longest + max_tokens > service.context or max_tokens < 1:
         raise api.too_long(longest, max(max_tokens, 1), service.context,
                            "messages" if chat else "prompt")
-    loop = asyncio.get_running_loop()
+    mailbox = service.mailbox(asyncio.get_running_loop())
     events: asyncio.Queue = asyncio.Queue()
     tok = service.tokenizer
     decode = tok.decode
@@ -226,7 +257,7 @@ async def _complete(request: Request, service: Service, prompts: list[list[int]]
             i = len(handles)
 
             def on_tokens(new, finish, i=i):
-                loop.call_soon_threadsafe(events.put_nowait, (i, new, finish))
+                mailbox.post(events, (i, new, finish))
 
             seed = None if sampling.seed is None else sampling.seed + j
             try:
