@@ -11,8 +11,9 @@ to one client's, the time to the first token (median and 90th percentile over th
 and, for ``--check`` requests of each client count sent again alone afterwards, the share
 whose text is unchanged (greedy: a batch must not change it; in bf16 with AVX512-BF16 a
 batch's products round differently, so it may). With ``--rounds N`` the counts take turns N
-times against the one server, and each figure is the median of its rounds: the ratio to one
-client is taken within each round, so a slow minute of the machine slows both sides of it.
+times against the one server: tokens/s is the median of a count's rounds, and its ratio to
+one client is taken within each round (a slow minute of the machine slows both sides of it),
+then the median; the first-token times of all rounds are pooled.
 Decoding reads every weight once per step whatever the batch, so batching concurrent requests
 should multiply the rate.
 
@@ -210,6 +211,8 @@ def main() -> None:
     p.add_argument("--no-batch", action="store_true",
                    help="skip plain batched decoding after the server")
     args = p.parse_args()
+    if args.rounds < 1 or len(set(args.clients)) < len(args.clients) or min(args.clients) < 1:
+        p.error("--rounds must be >= 1, and --clients distinct counts >= 1")
     if args.batch_worker:
         return batch_worker(args)
     import torch

@@ -57,12 +57,14 @@ class Service:
     timing: Callable[..., str] | None = None  # (load_s, compile_s, prompt, begun, ticks) -> line
     created: int = field(default_factory=lambda: int(time.time()))
     _encode_lock: threading.Lock = field(default_factory=threading.Lock)
-    _mailbox: _Mailbox | None = None  # the engine's events for the running event loop
+    # the engine's events for the running event loop
+    _mailbox: _Mailbox | None = field(default=None, init=False, repr=False, compare=False)
 
     def mailbox(self, loop: asyncio.AbstractEventLoop) -> _Mailbox:
-        if self._mailbox is None or self._mailbox.loop is not loop:
-            self._mailbox = _Mailbox(loop)
-        return self._mailbox
+        mailbox = self._mailbox  # (another loop's thread may replace it meanwhile)
+        if mailbox is None or mailbox.loop is not loop:
+            mailbox = self._mailbox = _Mailbox(loop)
+        return mailbox
 
 
 class _Mailbox:
@@ -81,7 +83,12 @@ class _Mailbox:
             self._items.append((queue, item))
             if len(self._items) > 1:
                 return  # the first one's wake-up, not yet delivered, takes this one too
-        self.loop.call_soon_threadsafe(self._deliver)
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: nothing will take them
+            with self._lock:
+                self._items.clear()
+            raise
 
     def _deliver(self) -> None:
         with self._lock:

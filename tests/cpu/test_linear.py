@@ -47,8 +47,9 @@ def test_few_rows_run_the_kernel_and_equal_the_float64_product(bias):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_row_in_a_batch_gets_the_bits_it_gets_alone(dtype):
-    """The kernel takes rows of x two or three at a time against one or two weight rows; each
-    row's sums still run in the one-row order, so a batched step decodes the same bits as each
+    """The kernel takes blocks of rows of x against blocks of weight rows (2 x 4 in 16-lane
+    registers on AVX-512, 2 x 1 in 8-lane ones on AVX2, fewer at the edges); each row's sums
+    still run in the one-row order, so a batched step decodes the same bits as each
     sequence alone (what serving's batched answers rest on): 1 to ``KernelLinear.ROWS`` rows
     (every remainder of the blocks), widths with every tail (32-wide blocks, 8-wide ones,
     single inputs), x float32 and, for 16-bit weights, x of the weight's dtype."""

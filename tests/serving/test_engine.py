@@ -165,6 +165,7 @@ def test_the_step_runs_the_fewest_bucket_rows_that_hold_the_requests():
         engine.stop()
     assert set(step.rows) == {4} and step.compiles == 4  # no new graph
     assert step.again == [False] + [True] * 4  # 6 tokens: the join's, then 5 steps
+    assert step.guard_misses == 0  # each unchecked step found its graph
     for p, r in zip(prompts, runs, strict=True):
         assert r.tokens == generate(model, torch.tensor([p]), 6)[0, len(p):].tolist()
 

@@ -440,3 +440,40 @@ def test_a_bad_prompt_cache_size_is_refused_before_loading():
         assert proc.returncode == 2
         assert "--prompt-cache must be between 0 and" in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_the_engines_events_reach_each_request_in_order_with_one_wake_up_a_burst():
+    """The engine's thread posts each row's tokens; the event loop gets all of them, each
+    request's in the order posted, and a burst posted while the loop is busy costs one
+    wake-up of the loop, not one an event."""
+    import asyncio
+    import threading
+
+    from attnlab.serving.app import _Mailbox
+
+    async def run() -> tuple[list, int]:
+        loop = asyncio.get_running_loop()
+        wake_ups = []
+        call = loop.call_soon_threadsafe
+
+        def counted(callback, *args):
+            wake_ups.append(callback)
+            return call(callback, *args)
+
+        loop.call_soon_threadsafe = counted
+        mailbox, queues = _Mailbox(loop), [asyncio.Queue() for _ in range(3)]
+
+        def engine():  # 50 steps of 3 rows, while the loop waits for the thread
+            for step in range(50):
+                for row, queue in enumerate(queues):
+                    mailbox.post(queue, (step, row))
+
+        thread = threading.Thread(target=engine)
+        thread.start()
+        thread.join()
+        got = [[await queue.get() for _ in range(50)] for queue in queues]
+        return got, len(wake_ups)
+
+    got, wake_ups = asyncio.run(run())
+    assert got == [[(step, row) for step in range(50)] for row in range(3)]
+    assert wake_ups == 1

@@ -198,8 +198,8 @@ ATTNLAB_WIDE_TARGET void block_dot16(const T* w, const float* x, int64_t k, floa
 }
 #endif
 
-// block_dot, or block_dot16 where ``Wide`` (the caller runs AVX-512; block_dot16 is compiled
-// for it, so it is called, not inlined here)
+// block_dot, or block_dot16 where ``Wide`` (the caller runs AVX-512; block_dot16 carries that
+// target itself, so this function, compiled without it, may call it but not inline it)
 template <int O, int R, bool Wide, typename T>
 __attribute__((always_inline)) inline void dot(const T* w, const float* x, int64_t k,
                                                float* out, const T* ahead, int pass,
